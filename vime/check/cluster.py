@@ -1,0 +1,127 @@
+"""V6xx GPU budget and V7xx cluster, Ray and file-system rules."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from vime.check.registry import Finding, rule
+from vime.resolve import GPU_MEMORY_GIB
+from vime.resolve.spec import Spec
+
+# Paths that are private to one machine; a multi-node job cannot share them.
+NODE_LOCAL_PREFIXES = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/local", "/scratch/local")
+
+
+@rule("V601", "colocated-uses-every-gpu", enforced_by="vime")
+def colocated_uses_every_gpu(spec: Spec):
+    """Colocated runs put the actor and the rollout on the same, all, GPUs.
+
+    With colocate = true (slime's --colocate) Megatron and vLLM alternate on every GPU of
+    the allocation; a different train.num_gpus or inference.num_gpus contradicts that and
+    slime would build placement groups of the wrong size.
+    Fix: remove train.num_gpus and inference.num_gpus (vime derives them), or set
+    colocate = false to give each side its own GPUs."""
+    if not spec.train.colocate:
+        return
+    world = spec.derived.world_size
+    for key, value in (("train.num_gpus", spec.train.num_gpus),
+                       ("inference.num_gpus", spec.inference.num_gpus)):
+        if value != world:
+            yield Finding(key, f"colocated, but {key} = {value} is not the cluster's "
+                          f"{spec.cluster.nodes} × {spec.cluster.gpus_per_node} = {world} GPUs",
+                          help=f"remove {key}, or set train.colocate = false",
+                          related=("train.colocate",))
+
+
+@rule("V602", "disaggregated-gpu-budget", enforced_by="vime")
+def disaggregated_gpu_budget(spec: Spec):
+    """Without colocation the actor and the rollout need separate GPUs that exist.
+
+    The actor takes the first train.num_gpus GPUs in (node, gpu) order and the rollout
+    engines inference.num_gpus after them; together they cannot exceed the allocation, and
+    GPUs left over are paid for and idle.
+    Fix: set train.num_gpus (and inference.num_gpus) to add up to nodes × gpus_per_node."""
+    if spec.train.colocate:
+        return
+    world = spec.derived.world_size
+    actor, rollout = spec.train.num_gpus, spec.inference.num_gpus
+    if spec.origin("train.num_gpus").kind == "derived" and actor == 0:
+        yield Finding("train.colocate", "colocate = false, but train.num_gpus is not set: "
+                      "vime cannot tell how many GPUs train",
+                      help=f"set train.num_gpus (for example {world // 2}) under [train]")
+    elif actor + rollout > world or rollout <= 0:
+        yield Finding("train.num_gpus",
+                      f"actor {actor} + rollout {rollout} GPUs = {actor + rollout}, "
+                      f"but the cluster has {world}",
+                      help=f"train.num_gpus + inference.num_gpus = {world}, each at least 1",
+                      related=("inference.num_gpus", "cluster.nodes"))
+    elif actor + rollout < world:
+        yield Finding("inference.num_gpus",
+                      f"{world - actor - rollout} of {world} GPUs are used by neither the actor "
+                      f"({actor}) nor the rollout ({rollout})", severity="warning",
+                      help=f"inference.num_gpus = {world - actor}, or fewer nodes",
+                      related=("train.num_gpus",))
+
+
+@rule("V701", "multi-node-shared-paths", severity="warning", enforced_by="vime")
+def multi_node_shared_paths(spec: Spec):
+    """On several nodes, model, data and output folders must be on a shared file system.
+
+    Every node reads the checkpoint and the prompts and writes logs and checkpoints under
+    output_dir (the seed: "put the model and data on a path every node can reach, such as
+    NFS"). A relative path or a node-local folder such as /tmp exists on each node
+    separately: workers on other nodes find nothing, or write checkpoints the head never
+    sees.
+    Fix: absolute paths on a shared file system (NFS, Lustre, GPFS)."""
+    if spec.cluster.nodes <= 1:
+        return
+    for key, value in (("experiment.output_dir", spec.experiment.output_dir),
+                       ("model.hf_checkpoint", spec.model.hf_checkpoint),
+                       ("model.torch_dist_checkpoint", spec.model.torch_dist_checkpoint),
+                       ("data.prompt_data", spec.data.prompt_data)):
+        if value is None:
+            continue
+        if not value.startswith(("/", "~")):
+            why = "is relative, so each node resolves it in its own working directory"
+        elif value.startswith(NODE_LOCAL_PREFIXES):
+            why = "looks node-local"
+        else:
+            continue
+        yield Finding(key, f"{key} = {value!r} {why}, but the job has {spec.cluster.nodes} nodes",
+                      help="use an absolute path on a file system every node mounts")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@rule("V702", "dashboard-exposed", severity="warning", enforced_by="vime")
+def dashboard_exposed(spec: Spec):
+    """The Ray dashboard listens on a non-loopback address.
+
+    The seed starts Ray with --dashboard-host=0.0.0.0. Ray's dashboard and job API have no
+    authentication: anyone who can reach the port can submit jobs that run as you on the
+    cluster. Reach it through an SSH tunnel instead.
+    Fix: dashboard_host = "127.0.0.1" and `ssh -L 8265:localhost:8265 <head node>`."""
+    host = spec.cluster.ray.dashboard_host
+    if not _loopback(host):
+        yield Finding("cluster.ray.dashboard_host",
+                      f"dashboard_host = {host!r} exposes Ray's unauthenticated job API",
+                      help='dashboard_host = "127.0.0.1" and an SSH tunnel to the head node')
+
+
+@rule("V703", "gpu-memory-known", severity="warning", enforced_by="vime")
+def gpu_memory_known(spec: Spec):
+    """vime does not know this GPU's memory, so it cannot plan memory.
+
+    The card table covers the common training GPUs; for any other card give its memory.
+    Fix: cluster.gpu_memory_gib = <GiB per GPU>, or a known cluster.gpu."""
+    if spec.derived.gpu_memory_gib is None:
+        yield Finding("cluster.gpu", f"unknown GPU {spec.cluster.gpu!r}: its memory is not known",
+                      help=f"set cluster.gpu_memory_gib, or gpu = one of "
+                      f"{', '.join(sorted(GPU_MEMORY_GIB))}")

@@ -1,0 +1,230 @@
+"""V1xx model and V2xx Megatron layout and optimizer rules."""
+
+from __future__ import annotations
+
+from vime.check.registry import Finding, rule
+from vime.plan.groups import Layout
+from vime.resolve.spec import Spec
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _layout(spec: Spec) -> Layout:
+    par = spec.train.parallel
+    return Layout(spec.train.num_gpus, par.tp, par.cp, par.pp, par.ep, par.etp)
+
+
+@rule("V101", "model-architecture", enforced_by="vime")
+def model_architecture(spec: Spec):
+    """The model's architecture could not be determined.
+
+    vime reads layers, heads, experts and sizes from `config.json` in
+    `model.hf_checkpoint`. When that folder is not readable on the machine that plans (a
+    laptop, a login node), a built-in preset (`model.preset = "qwen3-30b-a3b"`) or a
+    `[model.arch]` table with the config.json keys gives the same numbers. Without an
+    architecture no layout rule about heads, layers or experts can be checked; at run time
+    Megatron would fail in its checkpoint loader or on the first mismatched tensor.
+    Fix: set model.preset, or point model.hf_checkpoint at a folder with config.json, or
+    correct the config.json key named in the message."""
+    if spec.arch is None and spec.arch_problem is not None:
+        key, problem = spec.arch_problem
+        yield Finding(key, problem,
+                      help='set model.preset = "qwen3-30b-a3b" (or another preset) to plan '
+                      "without the weights, or add a [model.arch] table")
+
+
+def _replica_help(spec: Spec, replica: int) -> str:
+    gpn, nodes = spec.cluster.gpus_per_node, spec.cluster.nodes
+    par = spec.train.parallel
+    options = []
+    if spec.train.colocate:
+        more = next(n for n in range(nodes + 1, nodes + replica + 1) if n * gpn % replica == 0)
+        options.append(f"use {more} nodes ({more * gpn} GPUs)")
+    gpus = spec.train.num_gpus
+    for axis in ("tp", "cp"):
+        other = par.cp if axis == "tp" else par.tp
+        for value in sorted(divisors(max(gpus, 1)), reverse=True):
+            if value * other * par.pp <= gpus and gpus % (value * other * par.pp) == 0 and (
+                    value != getattr(par, axis)):
+                options.append(f"{axis} = {value}")
+                break
+    return ", or ".join(options) if options else "make the actor's GPU count a multiple of it"
+
+
+@rule("V201", "actor-gpus-hold-replicas", enforced_by="megatron")
+def actor_gpus_hold_replicas(spec: Spec):
+    """The actor's GPUs are not a whole number of model replicas of tp × cp × pp GPUs.
+
+    Megatron-core splits the actor's world into data-parallel replicas of
+    tp × cp × pp × gtp GPUs. `validate_args` (megatron/training/arguments.py) asserts
+    "world size (W) is not divisible by total_model_size (total_model_size=M)" and
+    `initialize_model_parallel` (megatron/core/parallel_state.py) raises
+    "RuntimeError: world_size (W) is not divisible by M" — after the queue wait and the
+    Ray start-up. Note that data parallelism excludes cp: dp = W ÷ (tp × cp × pp).
+    Fix: change tp, cp or pp, or the number of actor GPUs (nodes, or train.num_gpus when
+    not colocated), so that W is a multiple of tp × cp × pp."""
+    par = spec.train.parallel
+    replica = par.tp * par.cp * par.pp
+    gpus = spec.train.num_gpus
+    if gpus > 0 and gpus % replica:
+        yield Finding(
+            "train.parallel.tp",
+            f"train.parallel: {gpus} actor GPUs cannot hold whole model replicas of "
+            f"tp × cp × pp = {par.tp} × {par.cp} × {par.pp} = {replica} GPUs",
+            help=_replica_help(spec, replica),
+            related=("train.parallel.cp", "train.parallel.pp", "train.num_gpus"))
+
+
+@rule("V202", "actor-gpus-hold-expert-grid", enforced_by="megatron")
+def actor_gpus_hold_expert_grid(spec: Spec):
+    """The actor's GPUs are not a multiple of etp × ep × pp (Megatron's expert grid).
+
+    Megatron-core lays the MoE layers over a second grid of the same ranks: expert tensor
+    parallel × expert parallel × pipeline, the rest being expert data parallel.
+    `initialize_model_parallel` raises "RuntimeError: world_size (W) is not divisible by
+    expert_tensor_model_pipeline_parallel size (E)". EP does not have to divide dp: expert
+    ranks may span tensor- and context-parallel ranks ("MoE parallel folding").
+    Fix: choose ep and etp so that etp × ep × pp divides the actor's GPU count."""
+    par = spec.train.parallel
+    grid = par.etp * par.ep * par.pp
+    gpus = spec.train.num_gpus
+    if gpus > 0 and gpus % grid:
+        fits = [e for e in divisors(gpus // max(par.etp * par.pp, 1) or 1)
+                if gpus % (par.etp * e * par.pp) == 0]
+        yield Finding(
+            "train.parallel.ep",
+            f"train.parallel: {gpus} actor GPUs are not a multiple of etp × ep × pp = "
+            f"{par.etp} × {par.ep} × {par.pp} = {grid}",
+            help=f"ep = {max(fits)}" if fits else "lower etp or pp",
+            related=("train.parallel.etp", "train.parallel.pp", "train.num_gpus"))
+
+
+@rule("V203", "tp-divides-heads", enforced_by="megatron", needs_arch=True)
+def tp_divides_heads(spec: Spec):
+    """Megatron's tensor parallelism must divide the attention heads.
+
+    Each TP rank holds heads ÷ tp query heads. `TransformerConfig.__post_init__`
+    (megatron/core/transformer/transformer_config.py) raises "ValueError:
+    num_attention_heads (H) must be a multiple of tensor_model_parallel_size (TP)."
+    Fix: a tp that divides the number of heads."""
+    heads, tp = spec.arch.num_attention_heads, spec.train.parallel.tp
+    if heads % tp:
+        yield Finding("train.parallel.tp",
+                      f"tp = {tp} does not divide the model's {heads} attention heads",
+                      help=f"tp = {max(d for d in divisors(heads) if d < tp)}")
+
+
+@rule("V204", "tp-vs-kv-heads", enforced_by="megatron", needs_arch=True)
+def tp_vs_kv_heads(spec: Spec):
+    """Megatron's tensor parallelism must be a multiple or a divisor of the KV heads.
+
+    With grouped-query attention each TP rank needs whole KV groups, or a whole number of
+    ranks per group. megatron-core 0.16+ (`TransformerConfig.__post_init__`) raises
+    "ValueError: num_query_groups (G) must be a multiple or divisor of
+    tensor_model_parallel_size (TP)."; 0.14–0.15 required G % TP == 0 ("must be a
+    multiple of"). vime assumes megatron-core ≥ 0.16 (target 0.19).
+    Fix: a tp that divides the KV heads or is a multiple of them."""
+    kv, tp = spec.arch.num_kv_heads, spec.train.parallel.tp
+    if kv % tp and tp % kv:
+        yield Finding("train.parallel.tp",
+                      f"tp = {tp} is neither a multiple nor a divisor of the model's "
+                      f"{kv} KV heads", help=f"tp = {kv} or a divisor of it")
+
+
+@rule("V205", "pp-divides-layers", enforced_by="megatron", needs_arch=True)
+def pp_divides_layers(spec: Spec):
+    """Pipeline parallelism must divide the decoder layers (no uneven pipeline set up).
+
+    `validate_args` asserts "Number of layers should be divisible by the
+    pipeline-model-parallel size" unless an uneven split
+    (--decoder-first/last-pipeline-num-layers) is given, which vime does not emit.
+    Fix: a pp that divides the number of layers."""
+    layers, pp = spec.arch.num_layers, spec.train.parallel.pp
+    if layers % pp:
+        good = [d for d in divisors(layers) if d < pp]
+        yield Finding("train.parallel.pp",
+                      f"pp = {pp} does not divide the model's {layers} layers",
+                      help=f"pp = {max(good)}" if good else "pp = 1")
+
+
+@rule("V206", "sequence-parallel-needs-tp", severity="warning", enforced_by="megatron")
+def sequence_parallel_needs_tp(spec: Spec):
+    """Sequence parallelism is on with tp = 1, where it does nothing.
+
+    Sequence parallelism splits the layer-norm and dropout activations over the TP group;
+    with tp = 1 there is nothing to split. `validate_args` turns it off with the warning
+    "Disabling sequence parallelism because tensor model parallelism is disabled";
+    `ModelParallelConfig` alone raises "Cannot use sequence parallelism without tensor
+    parallelism".
+    Fix: remove sequence_parallel, or raise tp."""
+    par = spec.train.parallel
+    if par.sequence_parallel and par.tp == 1:
+        yield Finding("train.parallel.sequence_parallel",
+                      "sequence_parallel = true has no effect with tp = 1",
+                      help="set sequence_parallel = false, or tp > 1")
+
+
+@rule("V207", "ep-with-tp-needs-sp", severity="warning", enforced_by="megatron")
+def ep_with_tp_needs_sp(spec: Spec):
+    """Expert parallelism with tensor parallelism should use sequence parallelism.
+
+    megatron-core 0.15+ warns "When using expert parallelism and tensor parallelism for
+    training, sequence parallelism must be used" (ModelParallelConfig.__post_init__);
+    0.14 raised a ValueError. Without it the MoE dispatcher handles tp copies of every
+    token, costing memory and all-to-all bandwidth.
+    Fix: sequence_parallel = true."""
+    par = spec.train.parallel
+    if par.ep > 1 and par.tp > 1 and not par.sequence_parallel:
+        yield Finding("train.parallel.sequence_parallel",
+                      f"ep = {par.ep} with tp = {par.tp} but sequence_parallel is off",
+                      help="set sequence_parallel = true", related=("train.parallel.ep",))
+
+
+@rule("V211", "cpu-offload-needs-precision-aware", enforced_by="megatron")
+def cpu_offload_needs_precision_aware(spec: Spec):
+    """CPU Adam (optimizer cpu_offload) needs the precision-aware optimizer.
+
+    `validate_args` asserts "The optimizer cpu offload must be used in conjunction with
+    `--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the code path
+    of this flag." (megatron/training/arguments.py, 0.14 to 0.19).
+    Fix: precision_aware = true (and distributed = true, which it needs in turn)."""
+    opt = spec.train.optimizer
+    if opt.cpu_offload and not opt.precision_aware:
+        yield Finding("train.optimizer.cpu_offload",
+                      "cpu_offload = true needs precision_aware = true",
+                      help="set train.optimizer.precision_aware = true",
+                      related=("train.optimizer.precision_aware",))
+
+
+@rule("V212", "precision-aware-needs-distributed", enforced_by="megatron")
+def precision_aware_needs_distributed(spec: Spec):
+    """The precision-aware optimizer needs Megatron's distributed optimizer.
+
+    megatron/core/optimizer/__init__.py raises "ValueError: --use-precision-aware-optimizer
+    only supported with distributed optimizer" (an assert in OptimizerConfig in 0.14).
+    Fix: distributed = true."""
+    opt = spec.train.optimizer
+    if opt.precision_aware and not opt.distributed:
+        yield Finding("train.optimizer.precision_aware",
+                      "precision_aware = true needs the distributed optimizer",
+                      help="set train.optimizer.distributed = true",
+                      related=("train.optimizer.distributed",))
+
+
+@rule("V213", "overlap-needs-cpu-offload", severity="warning", enforced_by="vime")
+def overlap_needs_cpu_offload(spec: Spec):
+    """overlap_cpu_optimizer_d2h_h2d only matters with CPU Adam.
+
+    The flag overlaps the device-to-host and host-to-device copies of the hybrid CPU
+    optimizer; without cpu_offload Megatron accepts it and ignores it, which usually means
+    the spec meant to turn CPU Adam on (or forgot to remove this line when turning it off,
+    as the seed does on two nodes).
+    Fix: set cpu_offload = true, or remove overlap_cpu_optimizer_d2h_h2d."""
+    opt = spec.train.optimizer
+    if opt.overlap_cpu_optimizer_d2h_h2d and not opt.cpu_offload:
+        yield Finding("train.optimizer.overlap_cpu_optimizer_d2h_h2d",
+                      "overlap_cpu_optimizer_d2h_h2d is on but cpu_offload is off",
+                      help="remove it, or set cpu_offload = true",
+                      related=("train.optimizer.cpu_offload",))

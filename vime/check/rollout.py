@@ -1,0 +1,123 @@
+"""V5xx: the rollout engines (vLLM)."""
+
+from __future__ import annotations
+
+from vime.check.layout import divisors
+from vime.check.registry import Finding, rule
+from vime.plan.placement import engine_gpus
+from vime.resolve.spec import Spec
+
+
+@rule("V501", "engine-gpus-divide-by-dp", enforced_by="vime")
+def engine_gpus_divide_by_dp(spec: Spec):
+    """An engine's GPUs must split evenly into vLLM data-parallel ranks.
+
+    vLLM runs data_parallel_size attention replicas of TP = gpus_per_engine ÷
+    data_parallel_size GPUs each; vLLM itself is given TP and DP and would simply use
+    fewer GPUs than the plan reserved (or fail to place its workers in the engine's
+    placement group).
+    Fix: a data_parallel_size that divides gpus_per_engine."""
+    inf = spec.inference
+    if inf.gpus_per_engine % inf.data_parallel_size:
+        fits = [d for d in divisors(inf.gpus_per_engine) if d <= inf.data_parallel_size]
+        yield Finding("inference.data_parallel_size",
+                      f"gpus_per_engine = {inf.gpus_per_engine} does not split into "
+                      f"data_parallel_size = {inf.data_parallel_size} equal ranks",
+                      help=f"data_parallel_size = {max(fits)}",
+                      related=("inference.gpus_per_engine",))
+
+
+@rule("V502", "engine-on-whole-nodes", enforced_by="vime")
+def engine_on_whole_nodes(spec: Spec):
+    """An engine that spans nodes must take whole nodes; a smaller one must fit in one node.
+
+    A multi-node engine runs its TP/DP workers through Ray across nodes; an engine whose
+    GPUs start mid-node and spill into the next node shares a node with another engine's
+    NCCL group, puts a TP group across the slow inter-node link, and cannot be expressed
+    as a Ray placement group that vLLM's Ray executor accepts per node.
+    Fix: gpus_per_engine a divisor of gpus_per_node or a multiple of it, and (not
+    colocated) train.num_gpus a multiple of gpus_per_engine or of gpus_per_node."""
+    gpn = spec.cluster.gpus_per_node
+    for index, gpus in enumerate(engine_gpus(spec)):
+        nodes = sorted({node for node, _ in gpus})
+        if len(nodes) > 1 and not (gpus[0][1] == 0 and len(gpus) % gpn == 0):
+            yield Finding(
+                "inference.gpus_per_engine",
+                f"engine {index} would take node {gpus[0][0]} GPU {gpus[0][1]} to node "
+                f"{gpus[-1][0]} GPU {gpus[-1][1]}: {len(gpus)} GPUs straddling nodes "
+                f"{', '.join(map(str, nodes))} ({gpn} GPUs per node)",
+                help=f"gpus_per_engine should divide {gpn} or be a multiple of it, starting on "
+                "a node boundary",
+                related=("train.num_gpus",))
+            return
+
+
+@rule("V503", "rollout-gpus-hold-engines", enforced_by="vime")
+def rollout_gpus_hold_engines(spec: Spec):
+    """The rollout GPUs must be a whole number of engines.
+
+    slime starts rollout_num_gpus ÷ rollout_num_gpus_per_engine engines and leaves the
+    remainder idle (or fails to build the placement group for the last engine).
+    Fix: gpus_per_engine dividing the rollout's GPU count."""
+    inf = spec.inference
+    if inf.num_gpus > 0 and inf.num_gpus % inf.gpus_per_engine:
+        yield Finding("inference.gpus_per_engine",
+                      f"{inf.num_gpus} rollout GPUs are not a whole number of engines of "
+                      f"{inf.gpus_per_engine} GPUs",
+                      help=f"gpus_per_engine = one of {divisors(inf.num_gpus)}",
+                      related=("inference.num_gpus",))
+
+
+@rule("V504", "vllm-tp-divides-heads", enforced_by="vllm", needs_arch=True)
+def vllm_tp_divides_heads(spec: Spec):
+    """vLLM's tensor parallelism must divide the attention heads.
+
+    vLLM's ModelConfig.verify_with_parallel_config raises "ValueError: Total number of
+    attention heads (H) must be divisible by tensor parallel size (TP)." at engine start.
+    vLLM's TP is gpus_per_engine ÷ data_parallel_size.
+    Fix: a larger data_parallel_size (attention data parallel) or smaller engines."""
+    heads, tp = spec.arch.num_attention_heads, spec.derived.vllm_tp
+    if heads % tp:
+        yield Finding("inference.gpus_per_engine",
+                      f"vLLM TP = gpus_per_engine ÷ data_parallel_size = {tp} does not divide "
+                      f"the model's {heads} attention heads",
+                      help="raise data_parallel_size so that TP divides "
+                      f"{heads} (e.g. TP = {max(d for d in divisors(heads) if d <= tp)})",
+                      related=("inference.data_parallel_size",))
+
+
+@rule("V505", "vllm-tp-vs-kv-heads", enforced_by="vllm", needs_arch=True)
+def vllm_tp_vs_kv_heads(spec: Spec):
+    """vLLM's TP must divide the KV heads, or be a multiple of them (replicated KV).
+
+    QKVParallelLinear (vllm/model_executor/layers/linear.py) replicates KV heads when
+    TP ≥ KV heads (TP % KV must be 0) and shards them otherwise (KV % TP must be 0); a
+    mismatch fails with "AssertionError: N is not divisible by D" from
+    distributed/utils.divide while loading the model.
+    Fix: change gpus_per_engine or data_parallel_size."""
+    kv, tp = spec.arch.num_kv_heads, spec.derived.vllm_tp
+    if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
+        yield Finding("inference.gpus_per_engine",
+                      f"vLLM TP = {tp} is neither a multiple nor a divisor of the model's {kv} "
+                      "KV heads", help=f"a TP of {kv}, a divisor of {kv} or a multiple of it",
+                      related=("inference.data_parallel_size",))
+
+
+@rule("V506", "context-fits-model", enforced_by="vllm", needs_arch=True)
+def context_fits_model(spec: Spec):
+    """Prompt plus response must fit the model's context length.
+
+    vime gives vLLM max_model_len = max_prompt_len + max_response_len. vLLM raises
+    "ValueError: User-specified max_model_len (X) is greater than the derived
+    max_model_len (max_position_embeddings=Y ...)" at engine start unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
+    Fix: shorter max_prompt_len or max_response_len, or a model with a longer context."""
+    roll, limit = spec.rollout, spec.arch.max_position_embeddings
+    total = roll.max_prompt_len + roll.max_response_len
+    if total > limit:
+        yield Finding("rollout.max_response_len",
+                      f"max_prompt_len + max_response_len = {roll.max_prompt_len} + "
+                      f"{roll.max_response_len} = {total} exceeds the model's "
+                      f"max_position_embeddings {limit}",
+                      help=f"max_response_len = {max(limit - roll.max_prompt_len, 1)}",
+                      related=("rollout.max_prompt_len",))

@@ -1,0 +1,103 @@
+"""megatron.args: the Megatron-LM arguments of the actor, derived from the plan.
+
+Only flags that Megatron-LM's own `parse_args` knows are emitted (the oracle tests parse
+them with megatron.training.arguments); vime's RL-level knobs travel in plan.json.
+Model flags follow the HF -> Megatron mapping of shared/reference/megatron.md §5.
+"""
+
+from __future__ import annotations
+
+from vime.plan import Plan
+
+
+def _num(value: float) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def megatron_args(plan: Plan) -> list[list[str]]:
+    """One inner list per flag with its values; flattened, it is the argv."""
+    spec, arch = plan.spec, plan.spec.arch
+    par, opt, train = spec.train.parallel, spec.train.optimizer, spec.train
+    args: list[list[str]] = [
+        ["--tensor-model-parallel-size", str(par.tp)],
+        ["--pipeline-model-parallel-size", str(par.pp)],
+        ["--context-parallel-size", str(par.cp)],
+        ["--expert-model-parallel-size", str(par.ep)],
+        ["--expert-tensor-parallel-size", str(par.etp)],
+    ]
+    if par.sequence_parallel and par.tp > 1:
+        args.append(["--sequence-parallel"])
+    args += [
+        ["--num-layers", str(arch.num_layers)],
+        ["--hidden-size", str(arch.hidden_size)],
+        ["--ffn-hidden-size", str(arch.ffn_hidden_size)],
+        ["--num-attention-heads", str(arch.num_attention_heads)],
+        ["--group-query-attention"],
+        ["--num-query-groups", str(arch.num_kv_heads)],
+        ["--kv-channels", str(arch.head_dim)],
+        ["--vocab-size", str(arch.vocab_size)],
+        ["--max-position-embeddings", str(arch.max_position_embeddings)],
+        ["--seq-length", str(spec.rollout.max_prompt_len + spec.rollout.max_response_len)],
+        ["--normalization", "RMSNorm"],
+        ["--norm-epsilon", _num(arch.rms_norm_eps)],
+        ["--position-embedding-type", "rope"],
+        ["--rotary-base", str(int(arch.rope_theta))],
+        ["--rotary-percent", "1.0"],
+        ["--swiglu"],
+        ["--disable-bias-linear"],
+        ["--qk-layernorm"],
+    ]
+    if not arch.tie_word_embeddings:
+        args.append(["--untie-embeddings-and-output-weights"])
+    if arch.is_moe:
+        all_moe = all(arch.moe_layers)
+        freq = "1" if all_moe else "[" + ",".join("1" if m else "0" for m in arch.moe_layers) + "]"
+        args += [
+            ["--num-experts", str(arch.num_experts)],
+            ["--moe-ffn-hidden-size", str(arch.moe_ffn_hidden_size)],
+            ["--moe-router-topk", str(arch.topk)],
+            ["--moe-layer-freq", freq],
+            ["--moe-router-score-function", "softmax"],
+            ["--moe-token-dispatcher-type", "alltoall"],
+            ["--moe-router-dtype", "fp32"],
+            ["--moe-aux-loss-coeff", "0"],
+            ["--moe-grouped-gemm"],
+        ]
+        if not arch.norm_topk_prob:
+            args.append(["--moe-router-pre-softmax"])
+        if train.routing_replay:
+            args.append(["--moe-enable-routing-replay"])
+    args += [
+        ["--micro-batch-size", str(1 if train.dynamic_batch else train.micro_batch_size)],
+        ["--global-batch-size", str(train.global_batch_size)],
+        ["--train-iters", str(spec.rollout.num_rollout * train.steps_per_rollout)],
+        ["--optimizer", "adam"],
+        ["--lr", _num(opt.lr)],
+        ["--weight-decay", _num(opt.weight_decay)],
+        ["--adam-beta1", _num(opt.adam_beta1)],
+        ["--adam-beta2", _num(opt.adam_beta2)],
+        ["--bf16"],
+        ["--accumulate-allreduce-grads-in-fp32"],
+        ["--attention-softmax-in-fp32"],
+        ["--seed", str(spec.experiment.seed)],
+    ]
+    if opt.distributed:
+        args.append(["--use-distributed-optimizer"])
+    if opt.precision_aware:
+        args.append(["--use-precision-aware-optimizer"])
+    if opt.cpu_offload:
+        args.append(["--optimizer-cpu-offload"])
+        if opt.overlap_cpu_optimizer_d2h_h2d:
+            args.append(["--overlap-cpu-optimizer-d2h-h2d"])
+    if train.recompute == "full":
+        args += [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
+                 ["--recompute-num-layers", "1"]]
+    elif train.recompute == "selective":
+        args.append(["--recompute-granularity", "selective"])
+    load = spec.model.load or spec.model.torch_dist_checkpoint
+    if load:
+        args.append(["--load", load])
+    if spec.model.save:
+        args += [["--save", spec.model.save],
+                 ["--save-interval", str(spec.checkpoint.save_interval)]]
+    return args

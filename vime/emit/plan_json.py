@@ -1,0 +1,89 @@
+"""plan.json / `vime plan --json`: the object described in shared/spec.md."""
+
+from __future__ import annotations
+
+import json
+
+from vime.diagnostics import Diagnostic
+from vime.plan import Plan
+from vime.resolve.spec import Spec
+
+
+def diagnostic_json(diag: Diagnostic) -> dict:
+    loc = diag.location
+    out = {"severity": diag.severity, "code": diag.code, "path": diag.key,
+           "file": loc.file if loc else None, "line": loc.line if loc else None,
+           "col": loc.col if loc else None, "message": diag.message, "help": diag.help}
+    if diag.related:
+        out["related"] = [{"path": ".".join(map(str, p)), "file": r.file, "line": r.line,
+                           "col": r.col} for p, r in diag.related]
+    return out
+
+
+def _model(spec: Spec) -> dict | None:
+    arch = spec.arch
+    if arch is None:
+        return None
+    return {
+        "name": spec.model.preset or spec.model.hf_checkpoint.rstrip("/").rsplit("/", 1)[-1],
+        "source": spec.origin("model.arch").describe(),
+        "model_type": arch.model_type, "num_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_attention_heads,
+        "num_kv_heads": arch.num_kv_heads, "head_dim": arch.head_dim,
+        "vocab_size": arch.vocab_size, "num_experts": arch.num_experts, "topk": arch.topk,
+        "moe_layers": arch.num_moe_layers, "params_total": arch.params_total,
+        "params_active": arch.params_active,
+    }
+
+
+def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None,
+                plan: Plan | None) -> dict:
+    ok = not any(d.severity == "error" for d in diagnostics)
+    out: dict = {"spec": spec_name, "ok": ok,
+                 "diagnostics": [diagnostic_json(d) for d in diagnostics]}
+    if spec is None:
+        return out
+    cluster = spec.cluster
+    out["cluster"] = {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
+                      "world_size": spec.derived.world_size, "gpu": cluster.gpu,
+                      "gpu_memory_gib": spec.derived.gpu_memory_gib}
+    out["model"] = _model(spec)
+    out["colocate"] = spec.train.colocate
+    out["origins"] = {key: origin.describe() for key, origin in sorted(spec.origins.items())
+                      if origin.kind in ("derived", "preset", "config.json", "arch", "set")}
+    if plan is None:
+        return out
+    layout = plan.layout
+    out["train"] = {
+        "num_gpus": spec.train.num_gpus, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp,
+        "ep": layout.ep, "etp": layout.etp, "dp": layout.dp, "edp": layout.edp,
+        "sequence_parallel": spec.train.parallel.sequence_parallel,
+        "groups": plan.groups,
+        "ranks": [{"rank": r.rank, "node": r.node, "gpu": r.gpu, **r.coords} for r in plan.ranks],
+    }
+    out["rollout"] = {
+        "num_gpus": spec.inference.num_gpus, "gpus_per_engine": spec.inference.gpus_per_engine,
+        "num_engines": len(plan.engines),
+        "engines": [{
+            "engine": e.index, "tp": e.tp, "dp": e.dp, "ep": e.ep, "nodes": e.nodes,
+            "gpus": [{"node": n, "gpu": g} for n, g in e.gpus],
+            "physical_experts": e.physical_experts, "redundant_experts": e.redundant_experts,
+            "experts_per_gpu": e.experts_per_gpu,
+        } for e in plan.engines],
+    }
+    b = plan.batch
+    out["batch"] = {
+        "rollout_batch_size": b.rollout_batch_size, "n_samples_per_prompt": b.n_samples_per_prompt,
+        "samples_per_rollout": b.samples_per_rollout, "global_batch_size": b.global_batch_size,
+        "steps_per_rollout": b.steps_per_rollout, "micro_batch_size": b.micro_batch_size,
+        "dynamic_batch": b.dynamic_batch, "max_tokens_per_gpu": b.max_tokens_per_gpu,
+        "samples_per_dp_rank": b.samples_per_dp_rank,
+        "micro_batches_per_step": b.micro_batches_per_step,
+        "num_rollout": spec.rollout.num_rollout,
+    }
+    out["memory"] = None  # the memory planner (issue 4) fills this
+    return out
+
+
+def dumps(obj: dict) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,57 @@
+"""resolved.toml: the spec with every default and derived value written out, stamped with
+the vime version and the hash of the input, so a run can be traced to its exact spec."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tomli_w
+
+from vime import __version__
+from vime.resolve.spec import SECTIONS, Spec
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if getattr(value, f.name) is not None}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def arch_as_config(spec: Spec) -> dict:
+    """The resolved architecture in HF config.json keys (what [model.arch] accepts)."""
+    arch = spec.arch
+    config = {
+        "model_type": arch.model_type, "num_hidden_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_kv_heads, "head_dim": arch.head_dim,
+        "vocab_size": arch.vocab_size, "intermediate_size": arch.ffn_hidden_size,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+        "max_position_embeddings": arch.max_position_embeddings,
+        "rope_theta": arch.rope_theta, "rms_norm_eps": arch.rms_norm_eps,
+    }
+    if arch.num_experts:
+        config.update({
+            "num_experts": arch.num_experts, "num_experts_per_tok": arch.topk,
+            "moe_intermediate_size": arch.moe_ffn_hidden_size, "decoder_sparse_step": 1,
+            "mlp_only_layers": [i for i, moe in enumerate(arch.moe_layers) if not moe],
+            "norm_topk_prob": arch.norm_topk_prob,
+        })
+    return config
+
+
+def render(spec: Spec, source_name: str, source_sha256: str) -> str:
+    body = {name: _plain(getattr(spec, name)) for name in SECTIONS}
+    if spec.arch is not None:
+        body["model"]["arch"] = arch_as_config(spec)
+    header = (
+        "#:schema https://vime.dev/schema/vime.schema.json\n"
+        f"# resolved by vime {__version__} from {source_name}\n"
+        f"# input sha256 {source_sha256}\n"
+        "# every default and derived value is written out; `vime plan` on this file gives the same plan\n\n"
+    )
+    return header + tomli_w.dumps(body)

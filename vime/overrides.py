@@ -1,0 +1,93 @@
+"""`--set key.path=value`: TOML values on the command line, merged over the spec."""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from vime.diagnostics import Diagnostic, Location
+from vime.parse import Path, SpanIndex
+
+_KEY_PATH = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_BARE_WORD = re.compile(r"^[A-Za-z_/.~][^\s\"'=\[\]{}#]*$")
+
+
+class Override:
+    def __init__(self, index: int, argument: str, path: Path, value: object):
+        self.index, self.argument, self.path, self.value = index, argument, path, value
+
+    @property
+    def location(self) -> Location:
+        col = self.argument.find("=") + 2
+        return Location(f"--set[{self.index}]", 1, col, self.argument)
+
+
+def parse_override(index: int, argument: str) -> Override | Diagnostic:
+    where = Location(f"--set[{index}]", 1, 1, argument)
+    key, sep, text = argument.partition("=")
+    key = key.strip()
+    if not sep or not _KEY_PATH.match(key):
+        return Diagnostic("error", "V004", (), f"--set {argument!r} is not key.path=value", where,
+                          help="write it as --set train.parallel.tp=8 (TOML value syntax)")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        # torchtitan-style: a bare word is a string (--set experiment.name=run2)
+        if not _BARE_WORD.match(text.strip()):
+            return Diagnostic("error", "V004", tuple(key.split(".")),
+                              f"--set {key}: {text!r} is not a TOML value", where,
+                              help='quote strings: --set data.prompt_data="/data/x.jsonl"')
+        value = text.strip()
+    return Override(index, argument, tuple(key.split(".")), value)
+
+
+def apply(raw: dict, overrides: list[Override]) -> tuple[dict, list[Diagnostic]]:
+    """A new dict with the overrides merged in; the input is not changed."""
+    merged = copy.deepcopy(raw)
+    problems = []
+    for override in overrides:
+        table = merged
+        for depth, part in enumerate(override.path[:-1]):
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                problems.append(Diagnostic(
+                    "error", "V004", override.path[: depth + 1],
+                    f"--set {'.'.join(override.path)}: {'.'.join(override.path[:depth + 1])} "
+                    "is a value, not a table", override.location,
+                    help="set the key itself, not a key inside it"))
+                break
+        else:
+            table[override.path[-1]] = override.value
+    return merged, problems
+
+
+class Positions:
+    """Maps key paths to the place the user wrote them: a --set wins over the file."""
+
+    def __init__(self, spans: SpanIndex, overrides: list[Override] = ()):
+        self.spans = spans
+        self.overrides = {o.path: o for o in overrides}
+
+    def origin_kind(self, path: Path) -> str:
+        return "set" if self._override(path) else "spec"
+
+    def _override(self, path: Path) -> Override | None:
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.overrides:
+                return self.overrides[path[:end]]
+        return None
+
+    def locate(self, path: Path) -> Location:
+        override = self._override(path)
+        if override is not None:
+            return override.location
+        return self.spans.locate(path)
+
+    def written(self, path: Path) -> bool:
+        return self._override(path) is not None or path in self.spans.spans

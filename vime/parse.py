@@ -1,0 +1,244 @@
+"""Stage 1, parse: TOML text -> raw dict + span index (key path -> line:col).
+
+tomllib keeps no positions, so values come from tomllib (the reference parser) and
+positions come from a small scanner that walks the same text and records where each
+key path is written. The scanner only has to find keys; tomllib has already said the
+text is valid TOML by the time the scanner runs, so it can be lenient.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from vime.diagnostics import Diagnostic, Location
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input text: a spec file, or one `--set` argument."""
+
+    name: str
+    text: str
+
+    def line(self, number: int) -> str:
+        lines = self.text.splitlines()
+        return lines[number - 1] if 0 < number <= len(lines) else ""
+
+
+@dataclass
+class SpanIndex:
+    """Where each key path was written. Tables map to their header line."""
+
+    source: Source
+    spans: dict[Path, tuple[int, int]] = field(default_factory=dict)
+
+    def locate(self, path: Path) -> Location:
+        """The position of `path`, or of its closest written ancestor, or the file's start."""
+        probe = tuple(path)
+        while probe:
+            if probe in self.spans:
+                line, col = self.spans[probe]
+                return Location(self.source.name, line, col, self.source.line(line))
+            probe = probe[:-1]
+        return Location(self.source.name, 1, 1, self.source.line(1))
+
+
+class ParseError(Exception):
+    def __init__(self, diagnostic: Diagnostic):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+
+
+_TOMLLIB_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+def parse(source: Source) -> tuple[dict, SpanIndex]:
+    """Parse a spec; a syntax error becomes a V001 diagnostic (raised as ParseError)."""
+    try:
+        raw = tomllib.loads(source.text)
+    except tomllib.TOMLDecodeError as err:
+        found = _TOMLLIB_POSITION.search(str(err))
+        line, col = (int(found[1]), int(found[2])) if found else (1, 1)
+        message = _TOMLLIB_POSITION.sub("", str(err)).strip()
+        raise ParseError(
+            Diagnostic(
+                "error",
+                "V001",
+                (),
+                f"the spec is not valid TOML: {message}",
+                Location(source.name, line, col, source.line(line)),
+                help="fix the TOML syntax at this position (strings need quotes, "
+                "tables are written [section])",
+            )
+        ) from None
+    return raw, SpanIndex(source, _Scanner(source.text).scan())
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class _Scanner:
+    """Records the position of every key, table header, inline-table key and array item."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.pos = 0
+        self.spans: dict[Path, tuple[int, int]] = {}
+        self._array_tables: dict[Path, int] = {}
+
+    # -- positions -------------------------------------------------------------------
+    def _line_col(self, pos: int) -> tuple[int, int]:
+        line = self.text.count("\n", 0, pos) + 1
+        col = pos - (self.text.rfind("\n", 0, pos) + 1) + 1
+        return line, col
+
+    def _mark(self, path: Path, pos: int) -> None:
+        self.spans.setdefault(path, self._line_col(pos))
+
+    # -- low-level lexing ------------------------------------------------------------
+    def _peek(self, n: int = 1) -> str:
+        return self.text[self.pos : self.pos + n]
+
+    def _skip_blank(self, newlines: bool) -> None:
+        while self.pos < len(self.text):
+            ch = self.text[self.pos]
+            if ch in " \t\r" or (newlines and ch == "\n"):
+                self.pos += 1
+            elif ch == "#":
+                end = self.text.find("\n", self.pos)
+                self.pos = len(self.text) if end < 0 else end
+            else:
+                return
+
+    def _string(self) -> str:
+        """Consume a string literal of any of TOML's four kinds and return its value (roughly)."""
+        for quote in ('"""', "'''"):
+            if self._peek(3) == quote:
+                end = self.text.find(quote, self.pos + 3)
+                end = len(self.text) if end < 0 else end
+                while self.text[end + 3 : end + 4] == quote[0]:  # """a"""" ends one later
+                    end += 1
+                value = self.text[self.pos + 3 : end]
+                self.pos = end + 3
+                return value
+        quote = self.text[self.pos]
+        start = self.pos + 1
+        self.pos = start
+        while self.pos < len(self.text) and self.text[self.pos] not in (quote, "\n"):
+            if quote == '"' and self.text[self.pos] == "\\":
+                self.pos += 1
+            self.pos += 1
+        value = self.text[start : self.pos]
+        self.pos += 1
+        return value
+
+    def _key(self) -> list[tuple[str, int]]:
+        """A dotted key: its parts and where each part starts."""
+        parts: list[tuple[str, int]] = []
+        while True:
+            self._skip_blank(newlines=False)
+            start = self.pos
+            if self._peek() in ('"', "'"):
+                parts.append((self._string(), start))
+            else:
+                found = _BARE_KEY.match(self.text, self.pos)
+                if not found:
+                    return parts
+                parts.append((found[0], start))
+                self.pos = found.end()
+            self._skip_blank(newlines=False)
+            if self._peek() != ".":
+                return parts
+            self.pos += 1
+
+    # -- values ----------------------------------------------------------------------
+    def _value(self, path: Path) -> None:
+        self._skip_blank(newlines=False)
+        ch = self._peek()
+        if ch in ('"', "'"):
+            self._string()
+        elif ch == "[":
+            self._array(path)
+        elif ch == "{":
+            self._inline_table(path)
+        else:  # number, bool, date: up to a delimiter
+            while self.pos < len(self.text) and self.text[self.pos] not in ",]}\n#":
+                self.pos += 1
+
+    def _array(self, path: Path) -> None:
+        self.pos += 1
+        index = 0
+        while self.pos < len(self.text):
+            self._skip_blank(newlines=True)
+            if self._peek() == "]":
+                self.pos += 1
+                return
+            if self._peek() == ",":
+                self.pos += 1
+                continue
+            self._mark((*path, index), self.pos)
+            self._value((*path, index))
+            index += 1
+
+    def _inline_table(self, path: Path) -> None:
+        self.pos += 1
+        while self.pos < len(self.text):
+            self._skip_blank(newlines=True)
+            if self._peek() == "}":
+                self.pos += 1
+                return
+            if self._peek() == ",":
+                self.pos += 1
+                continue
+            self._key_value(path)
+
+    def _key_value(self, table: Path) -> None:
+        parts = self._key()
+        if not parts:  # not a key: skip the rest of the line
+            end = self.text.find("\n", self.pos)
+            self.pos = len(self.text) if end < 0 else end
+            return
+        path = table
+        for name, start in parts:
+            path = (*path, name)
+            self._mark(path, start)
+        self._skip_blank(newlines=False)
+        if self._peek() == "=":
+            self.pos += 1
+            self._value(path)
+
+    # -- document --------------------------------------------------------------------
+    def _header(self) -> Path:
+        array = self._peek(2) == "[["
+        start = self.pos
+        self.pos += 2 if array else 1
+        path: Path = tuple(name for name, _ in self._key())
+        self.pos = self.text.find("\n", self.pos)
+        self.pos = len(self.text) if self.pos < 0 else self.pos
+        if array:
+            index = self._array_tables.get(path, -1) + 1
+            self._array_tables[path] = index
+            self._mark(path, start)
+            path = (*path, index)
+        self._mark(path, start)
+        return path
+
+    def scan(self) -> dict[Path, tuple[int, int]]:
+        table: Path = ()
+        while True:
+            self._skip_blank(newlines=True)
+            if self.pos >= len(self.text):
+                return self.spans
+            if self._peek() == "[":
+                table = self._header()
+            else:
+                self._key_value(table)

@@ -1,0 +1,58 @@
+"""parse -> validate -> resolve -> check -> plan, for every verb. Never raises on bad input:
+every problem comes back as a diagnostic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+
+from vime import check
+from vime.diagnostics import Diagnostic, finalize, has_errors
+from vime.overrides import Override, Positions, apply, parse_override
+from vime.parse import ParseError, Source, SpanIndex, parse
+from vime.plan import Plan, plan
+from vime.resolve import resolve
+from vime.resolve.spec import Spec
+from vime.validate import validate
+
+
+@dataclass
+class Result:
+    source: Source
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    spec: Spec | None = None
+    plan: Plan | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not has_errors(self.diagnostics)
+
+
+def run(source: Source, sets: list[str] = (), spec_dir: FsPath | None = None,
+        strict: bool = False) -> Result:
+    result = Result(source)
+    diagnostics: list[Diagnostic] = []
+    overrides: list[Override] = []
+    for index, argument in enumerate(sets, 1):
+        parsed = parse_override(index, argument)
+        (diagnostics.append if isinstance(parsed, Diagnostic) else overrides.append)(parsed)
+    try:
+        raw, spans = parse(source)
+    except ParseError as err:
+        result.diagnostics = finalize([*diagnostics, err.diagnostic], strict)
+        return result
+    raw, problems = apply(raw, overrides)
+    diagnostics += problems
+    positions = Positions(spans if isinstance(spans, SpanIndex) else spans, overrides)
+    raw, schema_diagnostics, can_continue = validate(raw, positions)
+    diagnostics += schema_diagnostics
+    if can_continue and not problems:
+        spec = resolve(raw, positions, spec_dir or FsPath.cwd())
+        result.spec = spec
+        diagnostics += check.run(spec, positions)
+        if not has_errors(diagnostics) and spec.arch is not None:
+            result.plan = plan(spec)
+    result.diagnostics = finalize(diagnostics, strict)
+    if not result.ok:
+        result.plan = None
+    return result

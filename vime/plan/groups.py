@@ -1,0 +1,116 @@
+"""Megatron-core rank groups, enumerated as its RankGenerator does (no torch needed).
+
+megatron/core/parallel_state.py builds two grids over the same ranks with the default order
+"tp-cp-ep-dp-pp": a dense grid (tp, cp, dp, pp; ep = 1) and an expert grid (etp, ep, edp, pp;
+cp = 1). `generate_masked_orthogonal_rank_groups` lists a group for each combination of the
+axes *not* in the group, members varying with the first listed axis fastest. This module
+reimplements that enumeration from its description (shared/reference/megatron.md §1.3); the
+oracle tests compare it with megatron-core's own RankGenerator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
+
+
+def _decompose(index: int, sizes: list[int]) -> list[int]:
+    coords = []
+    for size in sizes:
+        coords.append(index % size)
+        index //= size
+    return coords
+
+
+def orthogonal_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
+    """All groups that vary the masked axes, the unmasked axes fixed per group."""
+    strides = [prod(sizes[:i]) for i in range(len(sizes))]
+    masked = [i for i, m in enumerate(mask) if m]
+    unmasked = [i for i, m in enumerate(mask) if not m]
+    group_size = prod(sizes[i] for i in masked)
+    groups = []
+    for g in range(prod(sizes) // group_size):
+        fixed = _decompose(g, [sizes[i] for i in unmasked])
+        base = sum(c * strides[i] for c, i in zip(fixed, unmasked, strict=True))
+        groups.append([
+            base + sum(c * strides[i] for c, i in zip(_decompose(r, [sizes[i] for i in masked]),
+                                                     masked, strict=True))
+            for r in range(group_size)
+        ])
+    return groups
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One RankGenerator: axis sizes in order-string order."""
+
+    sizes: dict[str, int]
+
+    def groups(self, *axes: str) -> list[list[int]]:
+        names = list(self.sizes)
+        return orthogonal_groups([self.sizes[n] for n in names], [n in axes for n in names])
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        return dict(zip(self.sizes, _decompose(rank, list(self.sizes.values())), strict=True))
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    tp: int
+    cp: int
+    pp: int
+    ep: int
+    etp: int
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.cp * self.pp)
+
+    @property
+    def edp(self) -> int:
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    def problems(self) -> list[str]:
+        """What initialize_model_parallel would raise for these sizes (parallel_state.py)."""
+        out = []
+        dense = self.tp * self.cp * self.pp
+        if self.world_size % dense:
+            out.append(f"world_size ({self.world_size}) is not divisible by {dense}")
+        expert = self.etp * self.ep * self.pp
+        if self.world_size % expert:
+            out.append(
+                f"world_size ({self.world_size}) is not divisible by "
+                f"expert_tensor_model_pipeline_parallel size ({expert})"
+            )
+        return out
+
+    @property
+    def dense(self) -> Grid:
+        return Grid({"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp})
+
+    @property
+    def expert(self) -> Grid:
+        return Grid({"tp": self.etp, "ep": self.ep, "dp": self.edp, "pp": self.pp})
+
+    def groups(self) -> dict[str, list[list[int]]]:
+        """The seven groups plan.json lists, keyed as the spec names them."""
+        if self.problems():
+            raise ValueError("; ".join(self.problems()))
+        dense, expert = self.dense, self.expert
+        return {
+            "tp": dense.groups("tp"),
+            "cp": dense.groups("cp"),
+            "dp": dense.groups("dp"),
+            "pp": dense.groups("pp"),
+            "ep": expert.groups("ep"),
+            "etp": expert.groups("tp"),
+            "edp": expert.groups("dp"),
+        }
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        dense, expert = self.dense.coordinates(rank), self.expert.coordinates(rank)
+        return {"tp": dense["tp"], "cp": dense["cp"], "dp": dense["dp"], "pp": dense["pp"],
+                "ep": expert["ep"], "etp": expert["tp"], "edp": expert["dp"]}

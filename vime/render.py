@@ -1,0 +1,119 @@
+"""Renderers: diagnostics (human, concise) and the plan as text for a 100-column terminal.
+JSON lives in vime.emit.plan_json; all three read the same Diagnostic model."""
+
+from __future__ import annotations
+
+from vime.diagnostics import Diagnostic
+from vime.plan import Plan
+
+WIDTH = 100
+
+
+def human(diag: Diagnostic) -> str:
+    lines = [f"{diag.severity}[{diag.code}]: {diag.message}"]
+    loc = diag.location
+    if loc is not None:
+        gutter = " " * len(str(loc.line))
+        lines.append(f"{gutter}--> {loc.file}:{loc.line}:{loc.col}")
+        if loc.text:
+            lines += [f"{gutter} |", f"{loc.line} | {loc.text}",
+                      f"{gutter} | {' ' * (loc.col - 1)}^"]
+    for path, where in diag.related:
+        lines.append(f"  = {'.'.join(map(str, path))} at {where.file}:{where.line}:{where.col}")
+    if diag.help:
+        lines.append(f"help: {diag.help}")
+    return "\n".join(lines) + "\n"
+
+
+def concise(diag: Diagnostic) -> str:
+    loc = diag.location
+    where = f"{loc.file}:{loc.line}:{loc.col}: " if loc else ""
+    tail = f" (help: {diag.help})" if diag.help else ""
+    return f"{where}{diag.severity}[{diag.code}] {diag.key}: {diag.message}{tail}\n"
+
+
+def summary(diagnostics: list[Diagnostic]) -> str:
+    errors = sum(d.severity == "error" for d in diagnostics)
+    warnings = len(diagnostics) - errors
+    return f"{errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}\n"
+
+
+# -- plan as text ------------------------------------------------------------------------
+
+def _groups_line(name: str, groups: list[list[int]], limit: int = 6) -> str:
+    shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:limit])
+    more = f" … {len(groups) - limit} more" if len(groups) > limit else ""
+    text = f"  {name:<4} {len(groups):>3} × {len(groups[0])}: {shown}{more}"
+    return text if len(text) <= WIDTH else text[: WIDTH - 1] + "…"
+
+
+def _cluster_picture(plan: Plan) -> list[str]:
+    spec = plan.spec
+    gpn = spec.cluster.gpus_per_node
+    by_gpu = {(r.node, r.gpu): r for r in plan.ranks}
+    label = 9
+    per_row = max(1, min(gpn, (WIDTH - label) // 7))
+    cell = max(5, min(9, (WIDTH - label) // per_row))
+    out = []
+    for node in range(spec.cluster.nodes):
+        for first in range(0, gpn, per_row):
+            gpus = range(first, min(first + per_row, gpn))
+            rows = {"": [], "rank": [], "tp": [], "cp": [], "dp": [], "pp": [], "ep": [],
+                    "etp": [], "edp": [], "engine": []}
+            for gpu in gpus:
+                rank = by_gpu.get((node, gpu))
+                rows[""].append(f"gpu{gpu}")
+                for axis in ("tp", "cp", "dp", "pp", "ep", "etp", "edp"):
+                    rows[axis].append(str(rank.coords[axis]) if rank else "·")
+                rows["rank"].append(str(rank.rank) if rank else "·")
+                engine = plan.engine_of((node, gpu))
+                rows["engine"].append(f"e{engine}" if engine is not None else "·")
+            out.append(f"node {node}" + ("" if first == 0 else f" (cont.)"))
+            for name, cells in rows.items():
+                out.append(f"  {name:<{label - 2}}" + "".join(f"{c:<{cell}}" for c in cells).rstrip())
+    return out
+
+
+def plan_text(plan: Plan) -> str:
+    spec, layout, batch = plan.spec, plan.layout, plan.batch
+    arch, d = spec.arch, spec.derived
+    out = [f"vime plan: {spec.experiment.name}", ""]
+    mem = f", {d.gpu_memory_gib:g} GiB each" if d.gpu_memory_gib else ""
+    out.append(f"cluster   {spec.cluster.nodes} node(s) × {spec.cluster.gpus_per_node} "
+               f"{spec.cluster.gpu} = {d.world_size} GPUs{mem}; "
+               + ("colocated: actor and rollout share every GPU" if spec.train.colocate else
+                  f"actor on {spec.train.num_gpus} GPUs, rollout on {spec.inference.num_gpus}"))
+    moe = (f"{arch.num_experts} experts, top-{arch.topk}, {arch.num_moe_layers}/{arch.num_layers} "
+           "MoE layers" if arch.is_moe else "dense")
+    out.append(f"model     {arch.model_type}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
+               f"{arch.num_attention_heads} heads / {arch.num_kv_heads} KV, {moe}")
+    out.append(f"          {arch.params_total / 1e9:.2f} B parameters, {arch.params_active / 1e9:.2f} B "
+               f"active per token (from {spec.origin('model.arch').describe()})")
+    out += ["", "GPUs (Megatron coordinates of the actor rank; e = vLLM engine)"]
+    out += _cluster_picture(plan)
+    why_dp = f"{spec.train.num_gpus} ÷ (tp {layout.tp} × cp {layout.cp} × pp {layout.pp})"
+    why_edp = f"{spec.train.num_gpus} ÷ (etp {layout.etp} × ep {layout.ep} × pp {layout.pp})"
+    sp = " + sp" if spec.train.parallel.sequence_parallel else ""
+    out += ["", f"Megatron actor (groups as RankGenerator, order tp-cp-ep-dp-pp)",
+            f"  dense:  tp {layout.tp}{sp}, cp {layout.cp}, pp {layout.pp}, dp {layout.dp} = {why_dp}",
+            f"  expert: ep {layout.ep}, etp {layout.etp}, edp {layout.edp} = {why_edp}"]
+    out += [_groups_line(name, groups) for name, groups in plan.groups.items()]
+    out += ["", f"vLLM rollout: {len(plan.engines)} engine(s) of {spec.inference.gpus_per_engine} GPUs"]
+    for e in plan.engines:
+        nodes = ",".join(map(str, e.nodes))
+        experts = (f"{e.physical_experts} physical experts ({e.redundant_experts} redundant), "
+                   f"{e.experts_per_gpu} per GPU" if e.physical_experts else "dense")
+        out.append(f"  e{e.index}: TP {e.tp} × DP {e.dp}, EP {e.ep}, node(s) {nodes}; {experts}")
+    out += ["", "batch"]
+    out.append(f"  {batch.rollout_batch_size} prompts × {batch.n_samples_per_prompt} samples = "
+               f"{batch.samples_per_rollout} samples per rollout = {batch.steps_per_rollout} step(s) "
+               f"× global batch {batch.global_batch_size}")
+    if batch.dynamic_batch:
+        out.append(f"  {batch.samples_per_dp_rank} samples per dp rank per step, packed into "
+                   f"micro-batches of ≤ {batch.max_tokens_per_gpu} tokens per GPU (dynamic)")
+    else:
+        out.append(f"  {batch.samples_per_dp_rank} samples per dp rank per step = "
+                   f"{batch.micro_batches_per_step} micro-batches of {batch.micro_batch_size}")
+    out.append(f"  {spec.rollout.num_rollout} rollouts → {spec.rollout.num_rollout * batch.steps_per_rollout} "
+               "optimizer steps")
+    return "\n".join(out) + "\n"

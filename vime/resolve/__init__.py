@@ -1,0 +1,166 @@
+"""Stage 3, resolve: raw dict -> Spec. Fills defaults from the schema, reads the model's
+architecture, derives every value the user may leave out, and records where each came from.
+
+This is the only stage that derives values; check (stage 4) only reports on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path as FsPath
+
+from vime import schema
+from vime.diagnostics import dotted
+from vime.overrides import Positions
+from vime.parse import Path
+from vime.resolve.model import PRESETS, Arch, ArchError, arch_from_config
+from vime.resolve.spec import SECTIONS, Derived, Origin, Spec
+
+# Nominal memory per card (GB as sold; `cluster.gpu_memory_gib` overrides).
+GPU_MEMORY_GIB = {
+    "H100": 80, "H800": 80, "H20": 96, "H200": 141, "A100-80GB": 80, "A100-40GB": 40,
+    "A800": 80, "B200": 180, "GB200": 186, "L40S": 48,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchResolution:
+    arch: Arch | None
+    origin: Origin | None
+    problem: str | None  # why no architecture could be read, or why config.json is bad
+    problem_key: str = "model.hf_checkpoint"
+
+
+def _with_defaults(raw: dict, positions: Positions) -> tuple[dict, dict[str, Origin]]:
+    """Every schema leaf gets the user's value or its schema default; origins say which."""
+    filled: dict = {}
+    origins: dict[str, Origin] = {}
+    for path, sub in schema.leaves():
+        table_in, table_out = raw, filled
+        for part in path[:-1]:
+            table_in = table_in.get(part, {}) if isinstance(table_in, dict) else {}
+            table_out = table_out.setdefault(part, {})
+        key = path[-1]
+        if key in table_in:
+            table_out[key] = table_in[key]
+            origins[dotted(path)] = Origin(positions.origin_kind(path), "",
+                                           positions.locate(path))
+        else:
+            table_out[key] = sub.get("default")
+            if "default" in sub:
+                origins[dotted(path)] = Origin("default", repr(sub["default"]))
+    return filled, origins
+
+
+def read_arch(model: dict, spec_dir: FsPath) -> ArchResolution:
+    """config.json when readable, else the preset; [model.arch] keys override either."""
+    overrides = model.get("arch") or {}
+    config: dict | None = None
+    origin = None
+    checkpoint = FsPath(model["hf_checkpoint"]).expanduser()
+    if not checkpoint.is_absolute():
+        checkpoint = spec_dir / checkpoint
+    config_path = checkpoint / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+        if not isinstance(config, dict):
+            return ArchResolution(None, None, f"{config_path} is not a JSON object")
+        origin = Origin("config.json", str(config_path))
+    except (FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError):
+        config = None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return ArchResolution(None, None, f"{config_path} cannot be read: {err}")
+    if config is None and model.get("preset"):
+        config = dict(PRESETS[model["preset"]])
+        origin = Origin("preset", model["preset"])
+    if config is None and overrides:
+        config = {}
+        origin = Origin("arch", "[model.arch]")
+    if config is None:
+        return ArchResolution(
+            None, None, f"no architecture: {config_path} is not readable here and no "
+            "model.preset or [model.arch] is set")
+    try:
+        arch = arch_from_config({**config, **overrides})
+    except ArchError as err:
+        where = "model.arch" if err.key in overrides or origin.kind == "arch" else "model.hf_checkpoint"
+        return ArchResolution(None, origin, f"{origin.describe()}: {err}", where)
+    return ArchResolution(arch, origin, None)
+
+
+def _derive(values: dict, origins: dict[str, Origin], arch: Arch | None) -> Derived:
+    cluster, train, inference, rollout = (values[k] for k in ("cluster", "train", "inference",
+                                                               "rollout"))
+    world = cluster["nodes"] * cluster["gpus_per_node"]
+
+    def derive(section: dict, key: str, path: str, value: int, why: str) -> None:
+        if section[key] is None:
+            section[key] = value
+            origins[path] = Origin("derived", why)
+
+    if train["colocate"]:
+        derive(train, "num_gpus", "train.num_gpus", world, "colocated: every GPU")
+        derive(inference, "num_gpus", "inference.num_gpus", world, "colocated: every GPU")
+    else:
+        if train["num_gpus"] is None and inference["num_gpus"] is not None:
+            derive(train, "num_gpus", "train.num_gpus", world - inference["num_gpus"],
+                   "the GPUs the rollout does not use")
+        derive(train, "num_gpus", "train.num_gpus", 0, "missing: must be set when not colocated")
+        derive(inference, "num_gpus", "inference.num_gpus", world - train["num_gpus"],
+               f"the GPUs after the actor's {train['num_gpus']}")
+    samples = rollout["batch_size"] * rollout["n_samples_per_prompt"]
+    derive(train, "global_batch_size", "train.global_batch_size",
+           max(samples // train["steps_per_rollout"], 1),
+           f"batch_size × n_samples_per_prompt ÷ steps_per_rollout = {rollout['batch_size']} × "
+           f"{rollout['n_samples_per_prompt']} ÷ {train['steps_per_rollout']}")
+
+    par = train["parallel"]
+    actor = train["num_gpus"]
+    vllm_dp = inference["data_parallel_size"]
+    vllm_tp = max(inference["gpus_per_engine"] // vllm_dp, 1)
+    gpu_memory = cluster["gpu_memory_gib"] or GPU_MEMORY_GIB.get(cluster["gpu"])
+    return Derived(
+        world_size=world,
+        dp=actor // (par["tp"] * par["cp"] * par["pp"]),
+        edp=actor // (par["etp"] * par["ep"] * par["pp"]),
+        vllm_tp=vllm_tp,
+        vllm_ep=vllm_tp * vllm_dp if inference["expert_parallel"] else 1,
+        num_engines=max(inference["num_gpus"], 0) // inference["gpus_per_engine"],
+        samples_per_rollout=samples,
+        gpu_memory_gib=float(gpu_memory) if gpu_memory else None,
+    )
+
+
+def _build(cls: type, values: dict):
+    """Construct a frozen dataclass tree from a dict with the same shape."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value = values.get(f.name)
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            value = _build(hint, value or {})
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def resolve(raw: dict, positions: Positions, spec_dir: FsPath) -> Spec:
+    values, origins = _with_defaults(raw, positions)
+    # [model.arch] and [cluster.env] are open tables: keep them as written
+    values["model"]["arch"] = dict(raw.get("model", {}).get("arch", {}))
+    values["cluster"]["env"] = dict(raw.get("cluster", {}).get("env", {}))
+    resolution = read_arch(values["model"], spec_dir)
+    derived = _derive(values, origins, resolution.arch)
+    sections = {name: _build(cls, values[name]) for name, cls in SECTIONS.items()}
+    if resolution.origin is not None:
+        origins["model.arch"] = resolution.origin
+    problem = (resolution.problem_key, resolution.problem) if resolution.problem else None
+    return Spec(**sections, arch=resolution.arch, derived=derived, arch_problem=problem,
+                origins=origins)
+
+
+__all__ = ["resolve", "read_arch", "ArchResolution", "GPU_MEMORY_GIB", "Path"]

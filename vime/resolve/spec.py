@@ -1,0 +1,226 @@
+"""The resolved spec: frozen dataclasses, one per TOML section, every value filled in.
+
+Field names are the spec's key names (schema/vime.schema.json); tests/test_schema.py keeps
+the two trees identical. `Spec.origins` says where every value came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vime.diagnostics import Location
+from vime.resolve.model import Arch
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from: the spec file, a --set, a default, a preset, or a derivation."""
+
+    kind: Literal["spec", "set", "default", "derived", "preset", "config.json", "arch"]
+    detail: str = ""
+    location: Location | None = None
+
+    def describe(self) -> str:
+        if self.location is not None:
+            where = f"{self.location.file}:{self.location.line}"
+            return f"{self.kind} ({where})" if self.kind != "spec" else where
+        return f"{self.kind}: {self.detail}" if self.detail else self.kind
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    output_dir: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class Slurm:
+    partition: str | None
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    reservation: str | None
+    time: str
+    exclusive: bool
+    extra_args: tuple[str, ...]
+    cpus_per_task: int | None
+
+
+@dataclass(frozen=True)
+class Ray:
+    port: int
+    dashboard_host: str
+    dashboard_port: int
+    startup_timeout_s: int
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+    gpu: str
+    gpu_memory_gib: float | None
+    host_memory_gib: float | None
+    slurm: Slurm
+    ray: Ray
+    env: dict[str, str]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Model:
+    hf_checkpoint: str
+    torch_dist_checkpoint: str | None
+    load: str | None
+    save: str | None
+    preset: str | None
+    arch: dict  # the [model.arch] overrides as written
+
+
+@dataclass(frozen=True)
+class Data:
+    prompt_data: str
+    input_key: str
+    label_key: str
+    apply_chat_template: bool
+
+
+@dataclass(frozen=True)
+class Rollout:
+    num_rollout: int
+    batch_size: int
+    n_samples_per_prompt: int
+    max_prompt_len: int
+    max_response_len: int
+    temperature: float
+    top_p: float
+    reward: str
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int
+    sequence_parallel: bool
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    lr: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    distributed: bool
+    cpu_offload: bool
+    overlap_cpu_optimizer_d2h_h2d: bool
+    precision_aware: bool
+
+
+@dataclass(frozen=True)
+class Train:
+    backend: str
+    global_batch_size: int
+    steps_per_rollout: int
+    micro_batch_size: int
+    dynamic_batch: bool
+    max_tokens_per_gpu: int
+    colocate: bool
+    routing_replay: bool
+    num_gpus: int
+    recompute: str
+    parallel: Parallel
+    optimizer: Optimizer
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    eps_clip: float
+    eps_clip_high: float
+    kl_loss_coef: float
+    entropy_coef: float
+
+
+@dataclass(frozen=True)
+class Eplb:
+    enabled: bool
+    num_redundant_experts: int
+    window_size: int
+    step_interval: int
+
+
+@dataclass(frozen=True)
+class Inference:
+    backend: str
+    gpus_per_engine: int
+    num_gpus: int
+    data_parallel_size: int
+    expert_parallel: bool
+    gpu_memory_utilization: float
+    cudagraph_capture_sizes: tuple[int, ...] | None
+    moe_backend: str
+    extra_args: tuple[str, ...]
+    eplb: Eplb
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    save_interval: int
+
+
+@dataclass(frozen=True)
+class Logging:
+    wandb_project: str | None
+    wandb_group: str | None
+    tensorboard_dir: str | None
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Numbers that are not keys but follow from them (resolve computes, check verifies)."""
+
+    world_size: int
+    dp: int  # Megatron data parallel, excluding cp
+    edp: int  # Megatron expert data parallel
+    vllm_tp: int  # gpus_per_engine ÷ data_parallel_size
+    vllm_ep: int  # vLLM's EP group = TP × DP when expert_parallel, else 1
+    num_engines: int
+    samples_per_rollout: int
+    gpu_memory_gib: float | None  # from cluster.gpu_memory_gib or the card table
+
+
+@dataclass(frozen=True)
+class Spec:
+    experiment: Experiment
+    cluster: Cluster
+    model: Model
+    data: Data
+    rollout: Rollout
+    train: Train
+    algorithm: Algorithm
+    inference: Inference
+    checkpoint: Checkpoint
+    logging: Logging
+    arch: Arch | None  # None when neither config.json, a preset nor [model.arch] says
+    derived: Derived
+    # (key path, why) when no architecture could be read; check reports it (V101)
+    arch_problem: tuple[str, str] | None = None
+    origins: dict[str, Origin] = field(default_factory=dict, compare=False)
+
+    def origin(self, key: str) -> Origin:
+        return self.origins.get(key, Origin("default"))
+
+
+SECTIONS = {
+    "experiment": Experiment, "cluster": Cluster, "model": Model, "data": Data,
+    "rollout": Rollout, "train": Train, "algorithm": Algorithm, "inference": Inference,
+    "checkpoint": Checkpoint, "logging": Logging,
+}

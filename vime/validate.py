@@ -1,0 +1,99 @@
+"""Stage 2, validate: the raw dict against the JSON schema, every error, with did-you-mean.
+
+Unknown keys are reported and dropped, so the later stages still run and the user sees
+every semantic problem too; any other schema error stops the pipeline after this stage
+(the typed Spec cannot be built from a value of the wrong type).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+
+import jsonschema
+
+from vime import schema
+from vime.diagnostics import Diagnostic, dotted
+from vime.overrides import Positions
+from vime.parse import Path
+
+
+def _suggest(path: Path, key: str) -> str | None:
+    siblings = list((schema.node(path) or {}).get("properties", {}))
+    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {dotted((*path, close[0]))}?"
+    elsewhere = [p for p, _ in schema.leaves() if p[-1] == key]
+    elsewhere += [p for p in schema.tables() if p[-1] == key]
+    if elsewhere:
+        return f"did you mean {dotted(elsewhere[0])}? it belongs in [{dotted(elsewhere[0][:-1])}]"
+    if siblings:
+        return f"the keys of [{dotted(path)}] are: {', '.join(siblings)}" if path else (
+            f"the sections are: {', '.join(siblings)}")
+    return None
+
+
+def _describe(error: jsonschema.ValidationError) -> tuple[str, str | None]:
+    sub = error.schema if isinstance(error.schema, dict) else {}
+    value = error.instance
+    if error.validator == "enum":
+        return f"{value!r} is not one of {', '.join(map(repr, error.validator_value))}", None
+    if error.validator == "type":
+        expected = error.validator_value
+        return f"{value!r} is not of type {expected}", f"write a {expected} here" + (
+            f" (default {sub['default']!r})" if "default" in sub else "")
+    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        bounds = {k: sub[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+                  if k in sub}
+        words = {"minimum": "≥", "exclusiveMinimum": ">", "maximum": "≤", "exclusiveMaximum": "<"}
+        rng = " and ".join(f"{words[k]} {v}" for k, v in bounds.items())
+        return f"{value!r} is out of range: it must be {rng}", None
+    if error.validator == "pattern":
+        return (f"{value!r} contains characters that are not allowed here",
+                f"it must match {error.validator_value}")
+    if error.validator in ("minItems", "uniqueItems", "minLength", "maxLength"):
+        return error.message, None
+    return error.message, None
+
+
+def validate(raw: dict, positions: Positions) -> tuple[dict, list[Diagnostic], bool]:
+    """Returns (raw without unknown keys, diagnostics, whether later stages may run)."""
+    validator = jsonschema.Draft202012Validator(schema.load())
+    diagnostics: list[Diagnostic] = []
+    cleaned = copy.deepcopy(raw)
+    can_continue = True
+    for error in validator.iter_errors(raw):
+        path: Path = tuple(error.absolute_path)
+        if error.validator == "additionalProperties":
+            known = set((error.schema or {}).get("properties", {}))
+            for key in sorted(set(error.instance) - known):
+                key_path = (*path, key)
+                diagnostics.append(Diagnostic(
+                    "error", "V002", key_path, f"unknown key {dotted(key_path)}",
+                    positions.locate(key_path), help=_suggest(path, key)))
+                table = cleaned
+                for part in path:
+                    table = table[part]
+                table.pop(key, None)
+        elif error.validator == "required":
+            missing = error.message.split("'")[1]
+            key_path = (*path, missing)
+            sub = schema.node(key_path) or {}
+            diagnostics.append(Diagnostic(
+                "error", "V005", key_path, f"required key {dotted(key_path)} is missing",
+                positions.locate(path),
+                help=f"add {missing} = ... under [{dotted(path)}]: {sub.get('description', '')}"
+                if path else f"add a [{missing}] section: {sub.get('description', '')}"))
+            can_continue = False
+        elif error.validator == "propertyNames":
+            diagnostics.append(Diagnostic(
+                "error", "V003", path, f"{dotted(path)}: {error.message}",
+                positions.locate(path), help="environment variable names are letters, digits and _"))
+            can_continue = False
+        else:
+            message, help_text = _describe(error)
+            diagnostics.append(Diagnostic(
+                "error", "V003", path, f"{dotted(path)}: {message}", positions.locate(path),
+                help=help_text))
+            can_continue = False
+    return cleaned, diagnostics, can_continue
