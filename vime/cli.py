@@ -14,6 +14,10 @@ from vime.parse import Source
 EXIT_OK, EXIT_SPEC, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
+class UsageError(Exception):
+    """Bad command line or unreadable files: exit 2, one line, no traceback."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # usage errors: exit 2, never a traceback
         self.print_usage(sys.stderr)
@@ -52,9 +56,8 @@ def _load(args) -> tuple:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        print(f"vime: error: cannot read spec {args.spec}: "
-              f"{err.strerror if isinstance(err, OSError) else err}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+        reason = err.strerror if isinstance(err, OSError) else err
+        raise UsageError(f"cannot read spec {args.spec}: {reason}") from None
     source = Source(args.spec, text)
     return source, pipeline.run(source, args.sets, path.resolve().parent, args.strict)
 
@@ -125,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"plan": cmd_plan, "compile": cmd_compile, "explain": cmd_explain}[args.verb]
     try:
         return handler(args)
-    except SystemExit:
-        raise
+    except UsageError as err:
+        print(f"vime: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

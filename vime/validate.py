@@ -23,10 +23,12 @@ def _suggest(path: Path, key: str) -> str | None:
     close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
     if close:
         return f"did you mean {dotted((*path, close[0]))}?"
-    elsewhere = [p for p, _ in schema.leaves() if p[-1] == key]
-    elsewhere += [p for p in schema.tables() if p[-1] == key]
-    if elsewhere:
-        return f"did you mean {dotted(elsewhere[0])}? it belongs in [{dotted(elsewhere[0][:-1])}]"
+    everywhere = [p for p, _ in schema.leaves()] + list(schema.tables())
+    scored = [(difflib.SequenceMatcher(None, key, str(p[-1])).ratio(), -len(p), p)
+              for p in everywhere]
+    score, _, best = max(scored)
+    if score >= 0.6:
+        return f"did you mean {dotted(best)}? it belongs in [{dotted(best[:-1])}]"
     if siblings:
         return f"the keys of [{dotted(path)}] are: {', '.join(siblings)}" if path else (
             f"the sections are: {', '.join(siblings)}")
@@ -56,9 +58,16 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str | None]:
     return error.message, None
 
 
+# JSON Schema counts 1.0 as an integer; TOML keeps them apart and so must vime (a float tp
+# would reach Megatron's argparse as "1.0").
+_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool))
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_TYPES)
+
+
 def validate(raw: dict, positions: Positions) -> tuple[dict, list[Diagnostic], bool]:
     """Returns (raw without unknown keys, diagnostics, whether later stages may run)."""
-    validator = jsonschema.Draft202012Validator(schema.load())
+    validator = _Validator(schema.load())
     diagnostics: list[Diagnostic] = []
     cleaned = copy.deepcopy(raw)
     can_continue = True

@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, SPECS
+from vime.cli import main
+
+SPEC = str(ROOT / "specs" / "qwen3_30b.toml")
+
+
+def test_plan_text_fits_100_columns(capsys):
+    for spec in SPECS:
+        assert main(["plan", str(spec)]) == 0
+        out = capsys.readouterr().out
+        assert "vLLM rollout" in out and "batch" in out
+        assert max(len(line) for line in out.splitlines()) <= 100, spec.name
+
+
+def test_plan_json_has_the_contract_keys(capsys):
+    assert main(["plan", SPEC, "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert {"spec", "ok", "diagnostics", "cluster", "model", "train", "rollout", "colocate",
+            "batch", "memory"} <= set(obj)
+    assert obj["train"]["groups"]["tp"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert obj["train"]["ranks"][5] == {"rank": 5, "node": 0, "gpu": 5, "tp": 1, "cp": 0, "dp": 1,
+                                        "pp": 0, "ep": 5, "etp": 0, "edp": 0}
+    assert obj["rollout"]["engines"][0]["experts_per_gpu"] == 16
+    assert obj["batch"]["global_batch_size"] == 8
+    assert obj["origins"]["train.num_gpus"].startswith("derived")
+
+
+def test_errors_exit_1_with_rendered_diagnostics(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code = main(["plan", "specs/qwen3_30b.toml", "--set", "train.parallel.tp=8", "--set", "train.parallel.cp=2"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(
+        "error[V201]: train.parallel: 8 actor GPUs cannot hold whole model replicas of "
+        "tp × cp × pp = 8 × 2 × 1 = 16 GPUs\n"
+        " --> --set[1]:1:19\n"
+        "  |\n"
+        "1 | train.parallel.tp=8\n"
+        "  |                   ^\n"
+        "  = train.parallel.cp at --set[2]:1:19\n"
+        "  = train.parallel.pp at specs/qwen3_30b.toml:55:1\n"
+        "help: use 2 nodes (16 GPUs), or tp = 4, or cp = 1\n")
+    assert err.rstrip().endswith("1 error, 0 warnings")
+
+
+def test_concise_format_and_json_carry_the_same_diagnostic(capsys):
+    main(["plan", SPEC, "--set", "train.tpp=1", "--format", "concise"])
+    line = capsys.readouterr().err.splitlines()[0]
+    assert line == ("--set[1]:1:11: error[V002] train.tpp: unknown key train.tpp "
+                    "(help: did you mean train.parallel.tp? it belongs in [train.parallel])")
+    main(["plan", SPEC, "--set", "train.tpp=1", "--json"])
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["ok"] is False and obj["diagnostics"][0]["code"] == "V002"
+    assert (obj["diagnostics"][0]["line"], obj["diagnostics"][0]["col"]) == (1, 11)
+
+
+def test_unknown_key_in_the_file_points_at_it_and_suggests(tmp_path, capsys):
+    spec = tmp_path / "s.toml"
+    spec.write_text(open(SPEC).read().replace("[train.parallel]\n", "[train.parallel]\ntensor_parallel = 2\n"))
+    assert main(["plan", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "error[V002]: unknown key train.parallel.tensor_parallel" in err
+    assert "help: did you mean train.parallel.sequence_parallel?" in err
+
+
+def test_warnings_pass_unless_strict(capsys):
+    sets = ["--set", 'cluster.ray.dashboard_host="0.0.0.0"']
+    assert main(["plan", SPEC, *sets]) == 0
+    assert "warning[V702]" in capsys.readouterr().err
+    assert main(["plan", SPEC, *sets, "--strict"]) == 1
+
+
+def test_usage_errors_exit_2(tmp_path, capsys):
+    assert main(["plan", str(tmp_path / "missing.toml")]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan"])
+    assert exit_.value.code == 2
+    assert main(["explain", "V999"]) == 2
+
+
+def test_explain_every_code(capsys):
+    assert main(["explain"]) == 0
+    listing = capsys.readouterr().out
+    assert "V201" in listing and "V001" in listing
+    assert main(["explain", "v201"]) == 0
+    text = capsys.readouterr().out
+    assert "is not divisible by total_model_size" in text and "megatron" in text
+
+
+def test_compile_writes_the_build_folder_atomically(tmp_path, capsys):
+    out = tmp_path / "b"
+    assert main(["compile", SPEC, "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".vime-build", "README.txt", "job.sbatch", "megatron.args", "plan.json", "resolved.toml",
+        "vllm.args"]
+    first = (out / "plan.json").read_text()
+    assert main(["compile", SPEC, "-o", str(out), "--set", "rollout.num_rollout=2"]) == 0
+    assert (out / "plan.json").read_text() != first
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]  # no staging folders left behind
+
+
+def test_compile_never_replaces_a_folder_it_did_not_write(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    assert main(["compile", SPEC, "-o", str(mine)]) == 2
+    assert (mine / "notes.txt").read_text() == "precious"
+    assert "was not written by vime compile" in capsys.readouterr().err
+
+
+def test_compile_with_errors_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "b"
+    assert main(["compile", SPEC, "-o", str(out), "--set", "train.parallel.ep=3"]) == 1
+    assert not out.exists()
+
+
+def test_plan_imports_no_heavy_library():
+    code = (
+        "import sys; from vime.cli import main; rc = main(['plan', sys.argv[1]]); "
+        "heavy = {'torch', 'ray', 'vllm', 'megatron', 'submitit'} & {m.split('.')[0] for m in sys.modules}; "
+        "print(sorted(heavy)); sys.exit(rc or bool(heavy))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, SPEC], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("[]")
+
+
+def test_console_script_runs():
+    proc = subprocess.run([sys.executable, "-m", "vime", "plan", SPEC, "--json"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ok"] is True

@@ -1,0 +1,99 @@
+"""Property tests: any layout either plans or fails with coded diagnostics; no input makes
+vime raise; what check accepts always plans, with every GPU accounted for."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, run_text
+from vime.cli import main
+
+BASE = (ROOT / "specs" / "qwen3_30b.toml").read_text()
+CODE = r"V\d{3}"
+
+sizes = st.sampled_from([1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=st.integers(1, 16), gpn=st.sampled_from([1, 2, 4, 6, 8]), tp=sizes, cp=sizes,
+       pp=sizes, ep=sizes, etp=sizes, engine=sizes, vllm_dp=sizes, colocate=st.booleans(),
+       actor=st.integers(1, 64), batch=st.integers(1, 64), samples=st.integers(1, 16),
+       steps=st.integers(1, 8), eplb=st.booleans(), redundant=st.integers(0, 64))
+def test_random_layouts_plan_or_fail_with_codes(nodes, gpn, tp, cp, pp, ep, etp, engine, vllm_dp,
+                                                colocate, actor, batch, samples, steps, eplb,
+                                                redundant):
+    sets = [f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpn}",
+            f"train.parallel.tp={tp}", f"train.parallel.cp={cp}", f"train.parallel.pp={pp}",
+            f"train.parallel.ep={ep}", f"train.parallel.etp={etp}",
+            f"inference.gpus_per_engine={engine}", f"inference.data_parallel_size={vllm_dp}",
+            f"train.colocate={str(colocate).lower()}", f"rollout.batch_size={batch}",
+            f"rollout.n_samples_per_prompt={samples}", f"train.steps_per_rollout={steps}",
+            "train.global_batch_size=1", f"inference.eplb.enabled={str(eplb).lower()}",
+            f"inference.eplb.num_redundant_experts={redundant}"]
+    if not colocate:
+        sets.append(f"train.num_gpus={actor}")
+    sets = [s for s in sets if not s.startswith("train.global_batch_size")]
+    result = run_text(BASE, sets)
+    for diag in result.diagnostics:
+        assert diag.code[0] == "V" and len(diag.code) == 4 and diag.location is not None
+    if result.ok:
+        plan = result.plan
+        world = nodes * gpn
+        assert len(plan.ranks) == plan.spec.train.num_gpus
+        assert sorted(r for group in plan.groups["tp"] for r in group) == list(range(len(plan.ranks)))
+        used = {g for e in plan.engines for g in e.gpus}
+        assert len(used) == plan.spec.inference.num_gpus <= world
+        if colocate:
+            assert len(used) == world
+        else:
+            actor_gpus = {(r.node, r.gpu) for r in plan.ranks}
+            assert not actor_gpus & used
+        for e in plan.engines:
+            assert e.tp * e.dp == engine
+            assert len({node for node, _ in e.gpus}) == 1 or len(e.gpus) % gpn == 0
+        assert plan.batch.global_batch_size * steps == batch * samples
+    else:
+        assert result.plan is None and any(d.severity == "error" for d in result.diagnostics)
+
+
+toml_scalars = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=False), st.booleans(),
+                         st.text(max_size=8))
+keys = st.sampled_from(["train.parallel.tp", "cluster.nodes", "inference.eplb", "model.arch",
+                        "rollout", "train.optimizer.lr", "cluster.env.X", "model.arch.num_experts",
+                        "inference.cudagraph_capture_sizes", "experiment.name", "a.b.c",
+                        "train.parallel.tp.x", "model.arch.mlp_only_layers"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(keys, toml_scalars | st.lists(toml_scalars, max_size=3)), max_size=4))
+def test_any_override_values_give_diagnostics_never_exceptions(pairs):
+    sets = [f"{key}={json.dumps(value)}" for key, value in pairs]
+    result = run_text(BASE, sets)
+    assert all(d.code.startswith("V") for d in result.diagnostics)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.text(max_size=200))
+def test_arbitrary_text_never_raises(text):
+    result = run_text(text)
+    assert all(d.code.startswith("V") for d in result.diagnostics)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(0, len(BASE)), st.integers(1, 40), st.text(max_size=5))
+def test_mangled_specs_never_raise(start, length, insert):
+    mangled = BASE[:start] + insert + BASE[start + length:]
+    result = run_text(mangled)
+    assert all(d.code.startswith("V") for d in result.diagnostics)
+
+
+def test_plan_output_is_byte_deterministic(capsys):
+    outputs = []
+    for _ in range(2):
+        main(["plan", str(ROOT / "specs" / "qwen3_30b_24gpu_eplb.toml"), "--json"])
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]

@@ -1,0 +1,62 @@
+"""Per-rule fixtures: every code has a failing spec and a passing neighbour."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from conftest import ROOT, codes, run_text
+from vime import check
+
+FIXTURES = tomllib.loads((Path(__file__).parent / "fixtures" / "rules.toml").read_text())
+ALL_CODES = sorted({*check.RULES, *check.STAGE_CODES})
+
+
+def _case(code: str, side: str, tmp_path: Path, make_checkpoint):
+    fixture = FIXTURES[code]
+    base = ROOT / "specs" / f"{fixture['base']}.toml"
+    text = base.read_text()
+    edit = fixture.get(f"{side}_edit")
+    if edit:
+        assert edit[0] in text, f"{code}: {side}_edit does not match {base.name}"
+        text = text.replace(edit[0], edit[1])
+    tmp = make_checkpoint(fixture["config_json"]) if "config_json" in fixture else tmp_path
+    sets = [s.replace("{tmp}", str(tmp)) for s in fixture.get(side, [])]
+    return run_text(text, sets, name=f"specs/{base.name}", spec_dir=base.parent)
+
+
+def test_every_code_has_a_fixture_pair_and_an_explanation():
+    assert sorted(FIXTURES) == ALL_CODES
+    for code in ALL_CODES:
+        text = check.explain(code)
+        assert text and code in text and len(text.splitlines()) >= 4, code
+        assert "Fix" in text or "fix" in text, f"{code}: the explanation must say how to fix it"
+
+
+@pytest.mark.parametrize("code", ALL_CODES)
+def test_failing_fixture_reports_the_code(code, tmp_path, preset_checkpoint):
+    result = _case(code, "fail", tmp_path, preset_checkpoint)
+    found = [d for d in result.diagnostics if d.code == code]
+    assert found, f"{code} not reported; got {[d.code for d in result.diagnostics]}"
+    assert any(d.key == FIXTURES[code]["path"] for d in found), [d.key for d in found]
+    for diag in found:
+        assert diag.location is not None and diag.location.line >= 1
+        assert diag.message
+    severity = check.RULES[code].severity if code in check.RULES else "error"
+    if severity == "error":
+        assert not result.ok and result.plan is None
+
+
+@pytest.mark.parametrize("code", ALL_CODES)
+def test_passing_neighbour_is_clean(code, tmp_path, preset_checkpoint):
+    result = _case(code, "pass", tmp_path, preset_checkpoint)
+    assert code not in codes(result)
+    assert result.ok, [(d.code, d.message) for d in result.diagnostics]
+    assert result.plan is not None
