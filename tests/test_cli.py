@@ -4,10 +4,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, SPECS
+
 from vime.cli import main
 
 SPEC = str(ROOT / "specs" / "qwen3_30b.toml")
@@ -65,7 +66,7 @@ def test_concise_format_and_json_carry_the_same_diagnostic(capsys):
 
 def test_unknown_key_in_the_file_points_at_it_and_suggests(tmp_path, capsys):
     spec = tmp_path / "s.toml"
-    spec.write_text(open(SPEC).read().replace("[train.parallel]\n", "[train.parallel]\ntensor_parallel = 2\n"))
+    spec.write_text(Path(SPEC).read_text().replace("[train.parallel]\n", "[train.parallel]\ntensor_parallel = 2\n"))
     assert main(["plan", str(spec)]) == 1
     err = capsys.readouterr().err
     assert "error[V002]: unknown key train.parallel.tensor_parallel" in err

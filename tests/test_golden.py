@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import ROOT, SPECS, run_spec
+
 from vime.emit import argfile, build, plan_json
 
 GOLDEN = ROOT / "tests" / "golden"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
+from conftest import ROOT, run_text
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, run_text
 from vime.cli import main
 
 BASE = (ROOT / "specs" / "qwen3_30b.toml").read_text()

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from conftest import ROOT, codes, run_text
+
 from vime import check
 
 FIXTURES = tomllib.loads((Path(__file__).parent / "fixtures" / "rules.toml").read_text())
@@ -60,3 +55,9 @@ def test_passing_neighbour_is_clean(code, tmp_path, preset_checkpoint):
     assert code not in codes(result)
     assert result.ok, [(d.code, d.message) for d in result.diagnostics]
     assert result.plan is not None
+
+
+def test_docs_rules_md_is_current():
+    from vime.check.catalog import markdown
+
+    assert (ROOT / "docs" / "rules.md").read_text() == markdown(), "run `make docs`"

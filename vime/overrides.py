@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+import tomllib
 
 from vime.diagnostics import Diagnostic, Location
 from vime.parse import Path, SpanIndex

@@ -9,13 +9,8 @@ text is valid TOML by the time the scanner runs, so it can be lenient.
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from dataclasses import dataclass, field
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 from vime.diagnostics import Diagnostic, Location
 

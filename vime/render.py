@@ -68,7 +68,7 @@ def _cluster_picture(plan: Plan) -> list[str]:
                 rows["rank"].append(str(rank.rank) if rank else "·")
                 engine = plan.engine_of((node, gpu))
                 rows["engine"].append(f"e{engine}" if engine is not None else "·")
-            out.append(f"node {node}" + ("" if first == 0 else f" (cont.)"))
+            out.append(f"node {node}" + ("" if first == 0 else " (cont.)"))
             for name, cells in rows.items():
                 out.append(f"  {name:<{label - 2}}" + "".join(f"{c:<{cell}}" for c in cells).rstrip())
     return out
@@ -94,7 +94,7 @@ def plan_text(plan: Plan) -> str:
     why_dp = f"{spec.train.num_gpus} ÷ (tp {layout.tp} × cp {layout.cp} × pp {layout.pp})"
     why_edp = f"{spec.train.num_gpus} ÷ (etp {layout.etp} × ep {layout.ep} × pp {layout.pp})"
     sp = " + sp" if spec.train.parallel.sequence_parallel else ""
-    out += ["", f"Megatron actor (groups as RankGenerator, order tp-cp-ep-dp-pp)",
+    out += ["", "Megatron actor (groups as RankGenerator, order tp-cp-ep-dp-pp)",
             f"  dense:  tp {layout.tp}{sp}, cp {layout.cp}, pp {layout.pp}, dp {layout.dp} = {why_dp}",
             f"  expert: ep {layout.ep}, etp {layout.etp}, edp {layout.edp} = {why_edp}"]
     out += [_groups_line(name, groups) for name, groups in plan.groups.items()]

@@ -49,10 +49,10 @@ def files(plan: Plan, source_name: str, source_text: str, plan_obj: dict,
 
 def write(target: Path, contents: dict[str, str]) -> None:
     target = target.resolve()
-    if target.exists() and not (target / MARKER).is_file():
-        if not target.is_dir() or any(target.iterdir()):
-            raise BuildError(f"{target} exists and was not written by vime compile; "
-                             "choose another -o folder or remove it yourself")
+    foreign = target.exists() and not (target / MARKER).is_file()
+    if foreign and (not target.is_dir() or any(target.iterdir())):
+        raise BuildError(f"{target} exists and was not written by vime compile; "
+                         "choose another -o folder or remove it yourself")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:

@@ -72,10 +72,9 @@ def _engines(spec: Spec) -> tuple[Engine, ...]:
     redundant = inf.eplb.num_redundant_experts if inf.eplb.enabled else 0
     ep = spec.derived.vllm_ep
     physical = experts + redundant
-    if experts and inf.expert_parallel:
-        per_gpu = -(-physical // ep)  # uneven split without EPLB: the first ranks hold one more
-    else:
-        per_gpu = experts  # without EP every GPU holds a TP slice of every expert
+    # with EP an uneven split (no EPLB) gives the first ranks one more; without EP every GPU
+    # holds a TP slice of every expert
+    per_gpu = -(-physical // ep) if experts and inf.expert_parallel else experts
     return tuple(
         Engine(i, spec.derived.vllm_tp, inf.data_parallel_size, ep, tuple(gpus), physical,
                redundant, per_gpu)

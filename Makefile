@@ -1,0 +1,47 @@
+# vime: `make plan` runs the compiler on the seed spec, `make test` runs the test suite.
+# Both create .venv on first use with the newest Python >= 3.11 found (3.12 preferred:
+# megatron-core 0.17+ needs it for the oracle tests).
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SPEC ?= specs/qwen3_30b.toml
+
+define FIND_PYTHON
+for p in python3.12 python3.13 python3.11 python3; do \
+  if $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then command -v $$p; exit 0; fi; \
+done; \
+if command -v pyenv >/dev/null 2>&1; then \
+  for v in $$(pyenv versions --bare | grep -E '^3\.(12|13|11)\.[0-9]+$$' | sort -t. -k2,2r); do \
+    PYENV_VERSION=$$v pyenv which python3 && exit 0; \
+  done; \
+fi; \
+echo "vime needs Python >= 3.11 (3.12 preferred); none found" >&2; exit 1
+endef
+export FIND_PYTHON
+
+.PHONY: plan test lint docs bench oracle clean
+
+$(VENV)/.installed: pyproject.toml
+	@python=$$(sh -c "$$FIND_PYTHON") && echo "using $$python" && \
+	  "$$python" -m venv $(VENV) && \
+	  $(PY) -m pip install -q --upgrade pip && \
+	  $(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+plan: $(VENV)/.installed
+	$(VENV)/bin/vime plan $(SPEC)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check vime tests benchmarks
+
+test: lint
+	$(PY) -m pytest
+
+docs: $(VENV)/.installed
+	$(PY) -m vime.check.catalog > docs/rules.md
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/plan_startup.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .hypothesis
