@@ -116,4 +116,28 @@ def plan_text(plan: Plan) -> str:
                    f"{batch.micro_batches_per_step} micro-batches of {batch.micro_batch_size}")
     out.append(f"  {spec.rollout.num_rollout} rollouts → {spec.rollout.num_rollout * batch.steps_per_rollout} "
                "optimizer steps")
+    out += _memory_text(plan)
     return "\n".join(out) + "\n"
+
+
+def _memory_text(plan: Plan) -> list[str]:
+    mem = plan.memory
+    if mem is None:
+        return ["", "memory: not planned (unknown GPU memory; set cluster.gpu_memory_gib)"]
+    gib = 1024**3
+    out = ["", f"memory per GPU ({mem.gpu_bytes / gib:g} GiB)"]
+    roll = mem.rollout
+    for phase in (mem.train, roll.phase):
+        out.append(f"  {phase.name:<8} peak {phase.peak / gib:6.1f} GiB, "
+                   f"headroom {phase.headroom:.0%}")
+        for term in phase.terms:
+            line = f"    {term.name:<18}{term.bytes / gib:7.1f}  {term.note}".rstrip()
+            out.append(line if len(line) <= WIDTH else line[: WIDTH - 1] + "…")
+    out.append(f"  KV cache: {roll.kv_tokens} tokens per DP rank = {roll.sequences_at_once} "
+               f"sequences of {roll.max_len} tokens at once per engine")
+    out.append(f"            (a rollout gives each engine {roll.samples_per_engine} samples)")
+    if mem.host_terms:
+        have = f" of {mem.host_capacity / gib:.0f}" if mem.host_capacity else ""
+        out.append(f"  host per node: {mem.host_per_node / gib:.0f}{have} GiB "
+                   + ", ".join(f"{t.name} {t.bytes / gib:.0f}" for t in mem.host_terms))
+    return out

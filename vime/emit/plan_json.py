@@ -6,6 +6,7 @@ import json
 
 from vime.diagnostics import Diagnostic
 from vime.plan import Plan
+from vime.plan.memory import GiB
 from vime.resolve.spec import Spec
 
 
@@ -81,8 +82,35 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
         "micro_batches_per_step": b.micro_batches_per_step,
         "num_rollout": spec.rollout.num_rollout,
     }
-    out["memory"] = None  # the memory planner (issue 4) fills this
+    out["memory"] = _memory(plan)
     return out
+
+
+def _gib(value: float) -> float:
+    return round(value / GiB, 2)
+
+
+def _memory(plan: Plan) -> dict | None:
+    mem = plan.memory
+    if mem is None:
+        return None
+
+    def terms(items):
+        return [{"name": t.name, "gib": _gib(t.bytes), "note": t.note} for t in items]
+
+    roll = mem.rollout
+    return {
+        "gpu_gib": _gib(mem.gpu_bytes),
+        "train_peak_gib": _gib(mem.train.peak),
+        "rollout_peak_gib": _gib(roll.phase.peak),
+        "host_gib_per_node": _gib(mem.host_per_node),
+        "host_memory_gib": _gib(mem.host_capacity) if mem.host_capacity is not None else None,
+        "kv_cache": {"tokens_per_dp_rank": roll.kv_tokens, "bytes_per_token": roll.kv_bytes_per_token,
+                     "max_len": roll.max_len, "sequences_at_once_per_engine": roll.sequences_at_once,
+                     "samples_per_engine": roll.samples_per_engine},
+        "breakdown": {"train": terms(mem.train.terms), "rollout": terms(roll.phase.terms),
+                      "host": terms(mem.host_terms)},
+    }
 
 
 def dumps(obj: dict) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vime.plan.groups import Layout
+from vime.plan.memory import MemoryPlan, memory_plan
 from vime.plan.placement import Gpu, actor_gpus, engine_gpus
 from vime.resolve.spec import Spec
 
@@ -58,6 +59,7 @@ class Plan:
     ranks: tuple[ActorRank, ...]
     engines: tuple[Engine, ...]
     batch: Batch
+    memory: MemoryPlan | None
 
     def engine_of(self, gpu: Gpu) -> int | None:
         for engine in self.engines:
@@ -103,4 +105,5 @@ def plan(spec: Spec) -> Plan:
     layout = Layout(spec.train.num_gpus, par.tp, par.cp, par.pp, par.ep, par.etp)
     ranks = tuple(ActorRank(r, node, gpu, layout.coordinates(r))
                   for r, (node, gpu) in enumerate(actor_gpus(spec)))
-    return Plan(spec, layout, layout.groups(), ranks, _engines(spec), _batch(spec))
+    return Plan(spec, layout, layout.groups(), ranks, _engines(spec), _batch(spec),
+                memory_plan(spec))

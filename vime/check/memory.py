@@ -1,0 +1,134 @@
+"""V8xx: memory per GPU and per node, from vime.plan.memory."""
+
+from __future__ import annotations
+
+from vime.check.registry import Finding, rule
+from vime.plan.memory import HEADROOM_WARNING, GiB, memory_plan
+from vime.resolve.spec import Spec
+
+
+def _gib(value: float) -> str:
+    return f"{value / GiB:.1f} GiB"
+
+
+def _train_fixes(spec: Spec, over: float) -> str:
+    plan = memory_plan(spec)
+    terms = {t.name: t.bytes for t in plan.train.terms}
+    fixes = []
+    opt, par = spec.train.optimizer, spec.train.parallel
+    if not opt.cpu_offload and terms["optimizer"] > 0:
+        fixes.append(f"train.optimizer.cpu_offload = true (with precision_aware and distributed) "
+                     f"moves {_gib(terms['optimizer'])} to the host")
+    if spec.train.recompute != "full":
+        fixes.append('train.recompute = "full"')
+    if spec.train.dynamic_batch:
+        per_token = (terms["activations"] + terms["logits"]) / spec.train.max_tokens_per_gpu
+        smaller = int((spec.train.max_tokens_per_gpu * per_token - over) / per_token)
+        if smaller > 0:
+            fixes.append(f"max_tokens_per_gpu ≤ {smaller // 1024 * 1024}")
+    if spec.arch.is_moe and spec.arch.num_experts % (par.ep * 2) == 0 and (
+            spec.train.num_gpus % (par.etp * par.ep * 2 * par.pp) == 0):
+        fixes.append(f"ep = {par.ep * 2}")
+    return "; or ".join(fixes) if fixes else "more GPUs (nodes), or a larger tp"
+
+
+@rule("V801", "train-memory-fits", enforced_by="megatron", needs_arch=True)
+def train_memory_fits(spec: Spec):
+    """The actor's training step does not fit in GPU memory (or barely does).
+
+    vime adds, for the most loaded GPU: bf16 weights, fp32 gradients, the optimizer state
+    (fp32 main params and two Adam moments, sharded by the distributed optimizer over dp × cp
+    for dense and edp for expert parameters; on the host with cpu_offload), activations of
+    one micro-batch (max_tokens_per_gpu with dynamic batches) under the recompute setting,
+    the output layer's logits and fp32 log-softmax over the vocabulary, a stated allowance
+    for CUDA context, NCCL and fragmentation, and the sleeping vLLM engine when colocated.
+    At run time this is "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
+    in the first training step, after the queue wait and the model load. A warning means
+    less than 10% headroom: real runs vary with sequence lengths and routing imbalance.
+    The breakdown is in `vime plan`; docs/memory-validation.md says how close it is.
+    Fix: the help line lists what would make it fit (CPU Adam, recompute, fewer tokens per
+    GPU, more expert parallelism)."""
+    plan = memory_plan(spec)
+    if plan is None:
+        return
+    phase = plan.train
+    if phase.peak > phase.capacity:
+        yield Finding("train", f"training needs {_gib(phase.peak)} per GPU but a "
+                      f"{spec.cluster.gpu} has {_gib(phase.capacity)}",
+                      help=_train_fixes(spec, phase.peak - phase.capacity),
+                      related=("train.optimizer.cpu_offload", "train.max_tokens_per_gpu"))
+    elif phase.headroom < HEADROOM_WARNING:
+        yield Finding("train", f"training needs {_gib(phase.peak)} of "
+                      f"{_gib(phase.capacity)} per GPU: {phase.headroom:.0%} headroom",
+                      severity="warning", help=_train_fixes(spec, 0.1 * phase.capacity))
+
+
+@rule("V802", "kv-cache-fits", enforced_by="vllm", needs_arch=True)
+def kv_cache_fits(spec: Spec):
+    """The rollout engine has no room for the KV cache of one full-length sequence.
+
+    vLLM reserves gpu_memory_utilization × the GPU's memory, loads the weights, profiles one
+    forward pass and gives the rest to the KV cache (v1/worker/gpu_worker.py
+    `determine_available_memory`). When the rest cannot hold max_model_len tokens it raises
+    "ValueError: To serve at least one request with the model's max seq len (L), (X GiB KV
+    cache is needed, which is larger than the available KV cache memory (Y GiB)" or "No
+    available memory for the cache blocks. Try increasing gpu_memory_utilization".
+    Fix: a higher gpu_memory_utilization, engines of more GPUs (weights split further), or
+    shorter max_prompt_len + max_response_len."""
+    plan = memory_plan(spec)
+    if plan is None:
+        return
+    roll = plan.rollout
+    if roll.kv_tokens < roll.max_len:
+        yield Finding("inference.gpu_memory_utilization",
+                      f"the KV cache has room for {roll.kv_tokens} tokens per GPU, less than one "
+                      f"sequence of max_prompt_len + max_response_len = {roll.max_len} "
+                      f"({_gib(roll.kv_bytes_per_token * roll.max_len)} needed)",
+                      help="raise gpu_memory_utilization, or gpus_per_engine, or shorten the "
+                      "sequences", related=("inference.gpus_per_engine", "rollout.max_response_len"))
+
+
+@rule("V803", "colocated-rollout-budget", enforced_by="vllm", needs_arch=True)
+def colocated_rollout_budget(spec: Spec):
+    """With colocation, vLLM's memory share plus what the actor leaves behind exceed the GPU.
+
+    vLLM checks at start-up that the GPU's free memory is at least gpu_memory_utilization ×
+    its total memory ("ValueError: Free memory on device ... on startup is less than desired
+    GPU memory utilization"). When colocated, the offloaded actor still holds its CUDA
+    context and NCCL buffers on every GPU.
+    Fix: a lower gpu_memory_utilization (the help gives the largest that fits)."""
+    plan = memory_plan(spec)
+    if plan is None or not spec.train.colocate:
+        return
+    util = spec.inference.gpu_memory_utilization
+    resident = next(t.bytes for t in plan.rollout.phase.terms if t.name == "offloaded actor")
+    if util * plan.gpu_bytes + resident > plan.gpu_bytes:
+        best = int((plan.gpu_bytes - resident) / plan.gpu_bytes * 100) / 100
+        yield Finding("inference.gpu_memory_utilization",
+                      f"gpu_memory_utilization {util} asks {_gib(util * plan.gpu_bytes)} but the "
+                      f"colocated actor keeps {_gib(resident)} of {_gib(plan.gpu_bytes)}",
+                      help=f"gpu_memory_utilization = {best}")
+
+
+@rule("V804", "host-memory-fits", enforced_by="vime", needs_arch=True)
+def host_memory_fits(spec: Spec):
+    """Host memory per node is not enough for CPU Adam, offloaded weights and Ray's store.
+
+    Checked when cluster.host_memory_gib is set. CPU Adam keeps fp32 params, both moments and
+    fp32 grads on the host for every GPU of the node; colocated runs also park the actor's
+    bf16 weights and the sleeping engine's weights there; Ray's object store takes 30% of
+    the memory by default. Running out kills the job through the Linux OOM killer or
+    Slurm's memory cgroup ("oom-kill event", "slurmstepd: error: Detected 1 oom_kill event").
+    Fix: turn cpu_offload off where GPUs have room (more nodes), or use nodes with more memory."""
+    plan = memory_plan(spec)
+    if plan is None or plan.host_capacity is None:
+        return
+    need, have = plan.host_per_node, plan.host_capacity
+    if need > have:
+        yield Finding("cluster.host_memory_gib", f"each node needs {_gib(need)} of host memory "
+                      f"but has {_gib(have)}", help="more nodes with cpu_offload = false, or "
+                      "nodes with more memory", related=("train.optimizer.cpu_offload",))
+    elif (have - need) / have < HEADROOM_WARNING:
+        yield Finding("cluster.host_memory_gib", f"each node needs {_gib(need)} of {_gib(have)} "
+                      "host memory: under 10% headroom", severity="warning",
+                      help="leave room for the page cache and data loading")
