@@ -93,19 +93,29 @@ def build(layers: int, recompute: str, seq_len: int):
     return model, optimizer, sum(p.numel() for p in model.parameters())
 
 
-def grpo_step(model, optimizer, tokens: int, vocab: int) -> None:
+def grpo_step(model, optimizer, tokens: int, vocab: int) -> dict:
+    """One step; returns the peak allocated bytes of each phase (forward, backward, step)."""
     input_ids = torch.randint(0, vocab, (1, tokens), device="cuda")
     targets = torch.roll(input_ids, -1, dims=1)
     position_ids = torch.arange(tokens, device="cuda").unsqueeze(0)
     advantages = torch.randn(1, tokens, device="cuda")
     model.zero_grad_buffer()
     optimizer.zero_grad()
+    peaks = {}
+    torch.cuda.reset_peak_memory_stats()
     logits = model(input_ids, position_ids, None)  # [b, s, V] bf16
     logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     loss = -(logp * advantages).mean()
+    peaks["forward"] = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     loss.backward()
+    del logits, logp, loss
     model.finish_grad_sync()
+    peaks["backward"] = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     optimizer.step()
+    peaks["step"] = torch.cuda.max_memory_allocated()
+    return peaks
 
 
 def run_case(case: dict) -> dict:
@@ -119,14 +129,16 @@ def run_case(case: dict) -> dict:
     after_build = torch.cuda.memory_allocated()
     times = []
     for _ in range(case.get("steps", 3)):
-        torch.cuda.reset_peak_memory_stats()
         torch.cuda.synchronize()
+        resident = torch.cuda.memory_allocated()
         start = time.perf_counter()
-        grpo_step(model, optimizer, case["tokens"], QWEN3_30B_A3B["vocab"])
+        peaks = grpo_step(model, optimizer, case["tokens"], QWEN3_30B_A3B["vocab"])
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     result = dict(case, params=params, after_build_gib=after_build / 2**30,
-                  peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
+                  resident_before_step_gib=resident / 2**30,
+                  **{f"peak_{phase}_gib": value / 2**30 for phase, value in peaks.items()},
+                  peak_allocated_gib=max(peaks.values()) / 2**30,
                   peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
                   resident_gib=torch.cuda.memory_allocated() / 2**30,
                   step_s=times[-1], tokens_per_s=case["tokens"] / times[-1])

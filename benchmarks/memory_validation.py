@@ -1,0 +1,64 @@
+"""Compare GPU measurements (benchmarks/gpu/megatron_memory.py) with vime's memory plan.
+
+    python benchmarks/memory_validation.py docs/data/h200-megatron-memory-2026-11-29.jsonl
+
+For each measured case it plans the same spec (Qwen3-30B-A3B layer shapes with the measured
+layer count, one H200, tp = ep = 1, the measured tokens and recompute) and prints a Markdown
+table: the terms torch's allocator sees (weights, gradients, optimizer, activations, logits)
+against max_memory_allocated, and the same plus fragmentation against max_memory_reserved.
+CUDA context and NCCL buffers are outside both torch counters and are left out of both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from vime import pipeline
+from vime.parse import Source
+from vime.plan.memory import FRAGMENTATION, GiB
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOCATOR_TERMS = ("weights", "gradients", "optimizer", "activations", "logits")
+
+
+def predict(case: dict) -> dict:
+    sets = ["cluster.nodes=1", "cluster.gpus_per_node=1", "cluster.gpu=H200",
+            "train.parallel.tp=1", "train.parallel.ep=1", "train.parallel.sequence_parallel=false",
+            "train.optimizer.cpu_offload=false", "train.optimizer.overlap_cpu_optimizer_d2h_h2d=false",
+            "train.optimizer.precision_aware=false", "inference.gpus_per_engine=1",
+            "inference.expert_parallel=false", "train.routing_replay=false",
+            f"model.arch.num_hidden_layers={case['layers']}",
+            f"train.max_tokens_per_gpu={case['tokens']}", f'train.recompute="{case["recompute"]}"',
+            "rollout.batch_size=1", "rollout.n_samples_per_prompt=1", "train.global_batch_size=1"]
+    spec_path = ROOT / "specs" / "qwen3_30b.toml"
+    result = pipeline.run(Source(str(spec_path), spec_path.read_text()), sets, spec_path.parent)
+    bad = [d for d in result.diagnostics if d.severity == "error" and d.code != "V801"]
+    assert not bad, [(d.code, d.message) for d in bad]
+    from vime.plan.memory import memory_plan
+    terms = {t.name: t.bytes for t in memory_plan(result.spec).train.terms}
+    allocated = sum(terms[name] for name in ALLOCATOR_TERMS)
+    return {"allocated": allocated / GiB, "reserved": allocated * (1 + FRAGMENTATION) / GiB,
+            "terms": {k: v / GiB for k, v in terms.items()}}
+
+
+def main(path: str) -> None:
+    print("| layers | recompute | tokens | measured allocated | vime | error | measured reserved "
+          "| vime | error | tokens/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for line in Path(path).read_text().splitlines():
+        case = json.loads(line)
+        if "error" in case:
+            print(f"| {case['layers']} | {case['recompute']} | {case['tokens']} | {case['error']} |")
+            continue
+        p = predict(case)
+        a, r = case["peak_allocated_gib"], case["peak_reserved_gib"]
+        print(f"| {case['layers']} | {case['recompute']} | {case['tokens']} | {a:.1f} GiB | "
+              f"{p['allocated']:.1f} GiB | {(p['allocated'] - a) / a:+.1%} | {r:.1f} GiB | "
+              f"{p['reserved']:.1f} GiB | {(p['reserved'] - r) / r:+.1%} | "
+              f"{case['tokens_per_s']:.0f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
