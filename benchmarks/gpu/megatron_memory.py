@@ -107,14 +107,17 @@ def grpo_step(model, optimizer, tokens: int, vocab: int) -> dict:
     logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     loss = -(logp * advantages).mean()
     peaks["forward"] = torch.cuda.max_memory_allocated()
+    peaks["forward_reserved"] = torch.cuda.max_memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     loss.backward()
     del logits, logp, loss
     model.finish_grad_sync()
     peaks["backward"] = torch.cuda.max_memory_allocated()
+    peaks["backward_reserved"] = torch.cuda.max_memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     optimizer.step()
     peaks["step"] = torch.cuda.max_memory_allocated()
+    peaks["step_reserved"] = torch.cuda.max_memory_reserved()
     return peaks
 
 
@@ -138,8 +141,8 @@ def run_case(case: dict) -> dict:
     result = dict(case, params=params, after_build_gib=after_build / 2**30,
                   resident_before_step_gib=resident / 2**30,
                   **{f"peak_{phase}_gib": value / 2**30 for phase, value in peaks.items()},
-                  peak_allocated_gib=max(peaks.values()) / 2**30,
-                  peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
+                  peak_allocated_gib=max(peaks[p] for p in ("forward", "backward", "step")) / 2**30,
+                  peak_reserved_gib=max(peaks[p + "_reserved"] for p in ("forward", "backward", "step")) / 2**30,
                   resident_gib=torch.cuda.memory_allocated() / 2**30,
                   step_s=times[-1], tokens_per_s=case["tokens"] / times[-1])
     return result
