@@ -32,7 +32,7 @@ plan: $(VENV)/.installed
 	$(VENV)/bin/vime plan $(SPEC)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check vime tests benchmarks
+	$(VENV)/bin/ruff check vime tests benchmarks runtime
 
 test: lint
 	$(PY) -m pytest

@@ -1,4 +1,5 @@
-"""`vime` command line. Exit codes: 0 ok, 1 problems in the spec, 2 usage, 3 internal error."""
+"""`vime` command line. Exit codes: 0 ok, 1 problems in the spec, 2 usage, 3 internal error,
+4 a job run here (`submit --local`, `--ray-address`) failed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from vime import __version__, render
 from vime.parse import Source
 
-EXIT_OK, EXIT_SPEC, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_SPEC, EXIT_USAGE, EXIT_INTERNAL, EXIT_JOB_FAILED = 0, 1, 2, 3, 4
 
 
 class UsageError(Exception):
@@ -46,6 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("-o", "--output", help="build folder (default build/<experiment.name>)")
     explain = verbs.add_parser("explain", help="the long explanation of a diagnostic code")
     explain.add_argument("code", nargs="?", help="e.g. V201; without it, list every code")
+    submit = verbs.add_parser("submit", help="compile, then submit one Slurm job that starts Ray "
+                              "on every node and runs the runtime")
+    _spec_options(submit)
+    where = submit.add_mutually_exclusive_group()
+    where.add_argument("--local", action="store_true",
+                       help="run the same job on this machine, one process per node, no Slurm")
+    where.add_argument("--ray-address", metavar="ADDR",
+                       help="run the driver on this running Ray cluster (after checking its GPUs)")
+    where.add_argument("--dry-run", action="store_true",
+                       help="print the sbatch script and the Ray port plan; submit nothing")
+    status = verbs.add_parser("status", help="state of a submitted job (squeue, then sacct)")
+    status.add_argument("job", help="Slurm job id or job folder")
+    logs = verbs.add_parser("logs", help="a node's log of a submitted job")
+    logs.add_argument("job", help="Slurm job id or job folder")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    logs.add_argument("--node", type=int, default=0, metavar="N",
+                      help="which node (default 0: the head, which runs the driver)")
+    cancel = verbs.add_parser("cancel", help="cancel a submitted job; its nodes stop their Ray")
+    cancel.add_argument("job", help="Slurm job id or job folder")
     return parser
 
 
@@ -123,9 +143,65 @@ def cmd_explain(args) -> int:
     return EXIT_OK
 
 
+def cmd_submit(args) -> int:
+    from vime.emit import plan_json
+    from vime.launch import submit
+
+    source, result = _load(args)
+    _print_diagnostics(result, args.format)
+    if not result.ok:
+        return EXIT_SPEC
+    obj = plan_json.plan_object(source.name, result.diagnostics, result.spec, result.plan)
+    launcher = "local" if args.local else "ray-address" if args.ray_address else "slurm"
+    try:
+        prepared = submit.prepare(result, source.name, source.text, obj, launcher)
+        if args.dry_run:
+            sys.stdout.write(submit.dry_run_text(prepared))
+            return EXIT_OK
+        if launcher == "slurm":
+            folder = submit.submit_slurm(prepared)
+        else:
+            print(f"vime: running {result.spec.experiment.name} here ({launcher}); logs in "
+                  f"{prepared.experiment_dir}/<job id>/logs/", flush=True)
+            folder, code = (submit.submit_local(prepared) if args.local
+                            else submit.submit_attached(prepared, args.ray_address))
+    except submit.SubmitError as err:
+        raise UsageError(str(err)) from None
+    job_id = folder.info["job_id"]
+    if launcher == "slurm":
+        print(f"submitted job {job_id}: {result.spec.cluster.nodes} node(s) × "
+              f"{result.spec.cluster.gpus_per_node} GPUs")
+    else:
+        outcome = folder.read_json("outcome.json") or {}
+        print(f"job {job_id} {'succeeded' if code == 0 else 'failed'}"
+              + (f": {outcome['error']}" if outcome.get("error") else ""))
+    print(f"job folder  {folder.path}\n"
+          f"logs        {folder.path / 'logs'}/node-0.log (head and driver), node-<i>.log\n"
+          f"follow      vime status {job_id if launcher == 'slurm' else folder.path}")
+    return EXIT_OK if launcher == "slurm" or code == 0 else EXIT_JOB_FAILED
+
+
+def cmd_follow(args) -> int:
+    from vime.launch import follow, slurm
+
+    try:
+        folder = follow.find(args.job)
+        if args.verb == "status":
+            sys.stdout.write(follow.status_text(folder))
+            return EXIT_OK
+        if args.verb == "logs":
+            return follow.logs(folder, args.node, args.follow)
+        print(follow.cancel(folder))
+        return EXIT_OK
+    except (follow.FollowError, slurm.SlurmError) as err:
+        raise UsageError(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"plan": cmd_plan, "compile": cmd_compile, "explain": cmd_explain}[args.verb]
+    handler = {"plan": cmd_plan, "compile": cmd_compile, "explain": cmd_explain,
+               "submit": cmd_submit, "status": cmd_follow, "logs": cmd_follow,
+               "cancel": cmd_follow}[args.verb]
     try:
         return handler(args)
     except UsageError as err:

@@ -1,0 +1,241 @@
+"""Ray on one node of a job: start it, find it, stop it, and nothing else's.
+
+Findings this follows (shared/reference/slurm-ray.md §3.6, §5, §7):
+- `ray start --block` under a parent we control, stopped by signalling that parent, never by
+  `ray stop` (it kills every Ray of the user on the node, other jobs' included).
+- Every port explicit (vime.launch.ports), a short per-job, per-node temp dir (Unix socket
+  paths must stay under 107 bytes), the node's LAN address rather than whatever the host name
+  resolves to (Debian maps it to 127.0.1.1).
+- RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0: without it a worker whose head is gone drains for
+  30 s before exiting. monitor.py and the agents may ignore SIGTERM once the GCS is gone, so
+  whatever is left after a grace period is killed.
+- Every process of this node's Ray carries VIME_RAY_NODE=<its temp dir> in its environment
+  (Ray workers inherit the raylet's), so the sweep finds even processes re-parented to init,
+  and only those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vime.launch.ports import NodePorts, PortPlan
+
+MARKER = "VIME_RAY_NODE"
+NODE_RESOURCE = "vime_node_{}"  # a custom resource that names the job's node index
+
+
+class RayStartupError(RuntimeError):
+    """The cluster did not come up: the message names the nodes and where their logs are."""
+
+
+def temp_dir(job_id: str, attempt: int, node: int) -> Path:
+    # /tmp/vime-<job>-<attempt>-<node>/session_<date>_<pid>/sockets/plasma_store stays < 107 B
+    return Path(f"/tmp/vime-{job_id}-{attempt}-{node}")
+
+
+def _ipv4(ifname: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:  # SIOCGIFADDR: the interface's IPv4 address, without any extra dependency
+            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def node_address() -> str:
+    """The node's address for Ray: VIME_RAY_IFNAME's if set (e.g. in [cluster.env]), else the
+    first non-loopback IPv4 address; 127.0.0.1 only on a machine that has none."""
+    wanted = os.environ.get("VIME_RAY_IFNAME")
+    names = [wanted] if wanted else [name for _, name in socket.if_nameindex()]
+    for name in names:
+        address = _ipv4(name)
+        if address and not ipaddress.ip_address(address).is_loopback:
+            return address
+    if wanted:
+        raise RayStartupError(f"VIME_RAY_IFNAME={wanted!r} has no IPv4 address on {socket.gethostname()}")
+    return "127.0.0.1"
+
+
+# ---------------------------------------------------------------------------------- processes
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    children, found, todo = _children_map(), set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def marked(value: str) -> set[int]:
+    """Processes whose environment has VIME_RAY_NODE=value: this node's Ray, wherever it went."""
+    needle = f"{MARKER}={value}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    found.add(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _signal(pids, sig) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+# ------------------------------------------------------------------------------------ a node
+
+@dataclass
+class RayNode:
+    """`ray start --block` for one node of one job, and its teardown."""
+
+    temp_dir: Path
+    log_path: Path
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    _stopped: bool = field(default=False, repr=False)
+
+    @staticmethod
+    def command(*, head: bool, address: str, node_ip: str, plan: PortPlan, ports: NodePorts,
+                node: int, gpus: int, cpus: int | None, temp: Path, dashboard_host: str) -> list[str]:
+        ray = Path(sys.executable).with_name("ray")
+        argv = [str(ray)] if ray.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
+        argv += ["start", "--block", "--disable-usage-stats", f"--node-ip-address={node_ip}",
+                 f"--num-gpus={gpus}", f"--temp-dir={temp}",
+                 "--resources=" + json.dumps({NODE_RESOURCE.format(node): 1}),
+                 *ports.ray_start_args()]
+        if cpus:
+            argv.append(f"--num-cpus={cpus}")
+        if head:
+            argv += ["--head", f"--port={plan.gcs_port}",
+                     f"--ray-client-server-port={plan.client_server_port}",
+                     "--include-dashboard=true", f"--dashboard-host={dashboard_host}",
+                     f"--dashboard-port={plan.dashboard_port}"]
+        else:
+            argv.append(f"--address={address}")
+        return argv
+
+    def start(self, argv: list[str]) -> None:
+        if self.temp_dir.exists():  # a previous attempt of this very job on this node
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        self.temp_dir.mkdir(parents=True)
+        env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+                   RAY_USAGE_STATS_ENABLED="0", **{MARKER: str(self.temp_dir)})
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        self.started_at = time.time()
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def stop(self, grace_s: float = 8.0, keep_logs: Path | None = None) -> None:
+        """SIGTERM `ray start`, then SIGKILL whatever of this node's Ray is left."""
+        if self._stopped or self.process is None:
+            return
+        self._stopped = True
+        ours = descendants(self.process.pid) | marked(str(self.temp_dir))
+        _signal([self.process.pid], signal.SIGTERM)
+        deadline = time.time() + grace_s
+        while time.time() < deadline:
+            self.process.poll()
+            if not any(_alive(pid) for pid in ours | {self.process.pid}):
+                break
+            time.sleep(0.2)
+        for _ in range(3):  # stragglers; a worker may fork while we look
+            left = {pid for pid in ours | marked(str(self.temp_dir)) if _alive(pid)}
+            if self.process.poll() is None:
+                left.add(self.process.pid)
+            if not left:
+                break
+            _signal(left, signal.SIGKILL)
+            time.sleep(0.3)
+            ours = left
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+        if keep_logs is not None:
+            logs = self.temp_dir / "session_latest" / "logs"
+            if logs.is_dir():
+                shutil.copytree(logs, keep_logs, dirs_exist_ok=True, symlinks=False,
+                                ignore_dangling_symlinks=True)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------- the cluster
+
+def gpus_by_node(nodes: int) -> dict[int, float]:
+    """GPUs of the alive Ray nodes, by the job's node index (needs ray.init first)."""
+    import ray
+
+    found: dict[int, float] = {}
+    for info in ray.nodes():
+        if not info.get("Alive"):
+            continue
+        resources = info.get("Resources", {})
+        for index in range(nodes):
+            if resources.get(NODE_RESOURCE.format(index)):
+                found[index] = found.get(index, 0.0) + resources.get("GPU", 0.0)
+    return found
+
+
+def check_cluster(address: str, nodes: int, gpus_per_node: int) -> str | None:
+    """For --ray-address: None when the cluster at address has nodes × gpus_per_node GPUs on at
+    least `nodes` nodes of gpus_per_node each, else what it lacks."""
+    import ray
+
+    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    try:
+        per_node = sorted((info.get("Resources", {}).get("GPU", 0.0)
+                           for info in ray.nodes() if info.get("Alive")), reverse=True)
+    finally:
+        ray.shutdown()
+    enough = [g for g in per_node if g >= gpus_per_node]
+    if len(enough) >= nodes:
+        return None
+    have = ", ".join(f"{g:g}" for g in per_node) or "none"
+    return (f"the Ray cluster at {address} has {len(per_node)} node(s) with {have} GPU(s); "
+            f"the plan needs {nodes} node(s) with {gpus_per_node} GPUs each")

@@ -1,0 +1,141 @@
+"""`vime status / logs / cancel JOB`: JOB is a job folder or a Slurm job id.
+
+A Slurm job id leads to its folder through Slurm itself: the job's working directory is its
+experiment folder (`sbatch --chdir`), asked from squeue first and sacct after (finished jobs
+leave squeue after MinJobAge)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from vime.launch import slurm
+from vime.launch.jobdir import JobFolder, is_job_folder
+
+
+class FollowError(Exception):
+    pass
+
+
+def find(job: str) -> JobFolder:
+    path = Path(job).expanduser()
+    if path.is_dir():
+        if is_job_folder(path):
+            return JobFolder(path.resolve())
+        raise FollowError(f"{job} is a folder but not a vime job folder (no job.json)")
+    if not job.isdigit():
+        raise FollowError(f"{job!r} is neither a job folder nor a Slurm job id "
+                          "(local and --ray-address runs are found by their folder)")
+    if not slurm.available():
+        raise FollowError(f"no Slurm here to look job {job} up; give its job folder instead")
+    found = slurm.state(job)
+    if found.source == "none":
+        raise FollowError(f"Slurm knows no job {job} (not in squeue, nor in sacct)")
+    candidate = Path(found.workdir) / job
+    if not is_job_folder(candidate):
+        raise FollowError(f"job {job} is not a vime job (no job folder at {candidate})")
+    return JobFolder(candidate)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_state(folder: JobFolder) -> tuple[str, bool, str]:
+    """(state, finished, detail) from Slurm for Slurm jobs, from the folder for local ones."""
+    info = folder.info
+    outcome = folder.read_json("outcome.json")
+    if info["launcher"] == "slurm":
+        state = slurm.state(info["job_id"])
+        detail = ", ".join(x for x in (
+            f"from {state.source}", state.nodes and f"nodes {state.nodes}",
+            state.elapsed and f"elapsed {state.elapsed}",
+            state.reason and state.reason != "None" and f"reason {state.reason}",
+            state.exit_code and f"exit {state.exit_code}") if x)
+        return state.state, state.finished, detail
+    local = folder.read_json("local.json") or {}
+    running = any(_pid_alive(pid) for pid in local.get("pids", []))
+    if running:
+        return "RUNNING", False, f"{info['launcher']}, pids {local['pids']}"
+    if outcome:
+        return {"succeeded": "COMPLETED", "failed": "FAILED"}.get(
+            outcome["state"], outcome["state"].upper()), True, info["launcher"]
+    return "ENDED", True, f"{info['launcher']}, no outcome recorded"
+
+
+def status_text(folder: JobFolder) -> str:
+    info = folder.info
+    state, _, detail = live_state(folder)
+    lines = [f"job {info['job_id']}  {state}  ({detail})",
+             f"  experiment {info['experiment']}: {info['nodes']} node(s) × "
+             f"{info['gpus_per_node']} GPUs, spec {info['spec']} (sha256 {info['spec_sha256'][:16]})",
+             f"  folder     {folder.path}"]
+    head = folder.read_json("ray/head.json")
+    if head:
+        lines.append(f"  ray        {head['address']} (dashboard {head['dashboard']}, "
+                     f"attempt {head['attempt']})")
+    ready = sorted(folder.path.glob("ray/ready-*.json"))
+    if ready:
+        timing = folder.read_json(f"ray/{ready[-1].name}")
+        lines.append(f"  ready      all {info['nodes'] * info['gpus_per_node']} GPUs after "
+                     f"{timing['seconds_to_gpus_ready']:.1f} s (attempt {timing['attempt']})")
+    outcome = folder.read_json("outcome.json")
+    if outcome:
+        line = f"  outcome    {outcome['state']} (attempt {outcome['attempt']})"
+        if outcome.get("error"):
+            line += f": {outcome['error']}"
+        lines.append(line)
+    lines.append(f"  logs       {folder.path / 'logs'}/node-<i>.log (vime logs {info['job_id']} "
+                 "[-f] [--node N])")
+    return "\n".join(lines) + "\n"
+
+
+def logs(folder: JobFolder, node: int, follow: bool, out=sys.stdout) -> int:
+    path = folder.log(node)
+    offset = 0
+    quiet_since = None
+    while True:
+        if path.is_file():
+            with open(path, "rb") as log:
+                log.seek(offset)
+                chunk = log.read()
+            if chunk:
+                offset += len(chunk)
+                out.write(chunk.decode(errors="replace"))
+                out.flush()
+                quiet_since = None
+        if not follow:
+            if not path.is_file():
+                state, _, _ = live_state(folder)
+                print(f"vime: no log yet for node {node} ({path}); job {state}", file=sys.stderr)
+                return 1
+            return 0
+        _, finished, _ = live_state(folder)
+        if finished:  # one more read after the end, then stop
+            quiet_since = quiet_since or time.time()
+            if time.time() - quiet_since > 1.0:
+                return 0
+        time.sleep(0.5)
+
+
+def cancel(folder: JobFolder) -> str:
+    info = folder.info
+    if info["launcher"] == "slurm":
+        slurm.cancel(info["job_id"])
+        return f"cancelled job {info['job_id']} (scancel; each node stops its own Ray)"
+    local = folder.read_json("local.json") or {}
+    alive = [pid for pid in local.get("pids", []) if _pid_alive(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGTERM)
+    if not alive:
+        return f"job {info['job_id']} is not running"
+    return f"cancelled job {info['job_id']} (SIGTERM to {len(alive)} node process(es))"

@@ -1,0 +1,54 @@
+"""The job folder, `<experiment.output_dir>/<experiment.name>/<job id>/`:
+
+    job.json        who, what, when: job id, launcher, spec and its sha256, vime version
+    launch.json     what the nodes read (runtime/job.py): nodes, GPUs, Ray settings,
+                    [cluster.env], the port-plan inputs and the driver
+    resolved.toml plan.json megatron.args vllm.args job.sbatch   the compiled artifacts
+    submitit/       submitit's pickles (Slurm jobs)
+    logs/           batch.log, node-<i>.log (one per node; node 0 runs the driver),
+                    ray-node-<i>.log (`ray start`), ray/node-<i>/ (Ray's own logs)
+    ray_address     `<ip>:<port>` of the job's Ray head, once it is up
+    ray/            head.json, per-node state, ready-<attempt>.json (timings), done markers
+    outcome.json    succeeded / failed (with the error) / requeued / terminated
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class JobFolder:
+    path: Path
+
+    @property
+    def info(self) -> dict:
+        return json.loads((self.path / "job.json").read_text())
+
+    def read_json(self, name: str):
+        try:
+            return json.loads((self.path / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def log(self, node: int) -> Path:
+        return self.path / "logs" / f"node-{node}.log"
+
+    def write(self, files: dict[str, str]) -> None:
+        (self.path / "logs").mkdir(parents=True, exist_ok=True)
+        (self.path / "ray").mkdir(exist_ok=True)
+        for name, text in files.items():
+            tmp = self.path / f".{name}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, self.path / name)
+
+
+def is_job_folder(path: Path) -> bool:
+    return (path / "job.json").is_file()
+
+
+def dumps(obj: dict) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True) + "\n"

@@ -1,0 +1,144 @@
+"""`vime submit`: compile, write the job folder, hand the job to Slurm (or run it here).
+
+The job folder holds what the job was made from (resolved.toml with the input's hash,
+plan.json, the argument files, the exact job.sbatch) before the job can start: a Slurm job is
+submitted held and released once its folder is complete."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vime import __version__
+from vime.emit import build, sbatch
+from vime.launch import jobdir, ports
+from vime.launch.jobdir import JobFolder
+
+DEFAULT_DRIVER = "runtime.driver:run"
+ARTIFACTS = ("resolved.toml", "plan.json", "megatron.args", "vllm.args")
+
+
+class SubmitError(Exception):
+    """Cannot submit (no Slurm, a folder vime cannot use, sbatch said no): exit 2."""
+
+
+@dataclass
+class Prepared:
+    experiment_dir: Path
+    script: str
+    files: dict[str, str]
+    launch: dict
+    info: dict
+    plan: object = field(repr=False)
+
+
+def experiment_dir(output_dir: str, name: str) -> Path:
+    path = Path(os.path.abspath(Path(output_dir).expanduser())) / name
+    if "%" in str(path):  # Slurm and submitit read %j, %t, %A … in paths as patterns
+        raise SubmitError(f"experiment folder {str(path)!r} contains '%', which Slurm and "
+                          "submitit read as a file-name pattern; choose another output_dir")
+    if "\n" in str(path) or "\r" in str(path):
+        raise SubmitError("the experiment folder's path contains a line break")
+    return path
+
+
+def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher: str) -> Prepared:
+    spec, plan = result.spec, result.plan
+    folder = experiment_dir(spec.experiment.output_dir, spec.experiment.name)
+    script = sbatch.render(plan, python=sys.executable)
+    compiled = build.files(plan, source_name, source_text, plan_obj, "<job folder>")
+    files = {name: compiled[name] for name in ARTIFACTS}
+    files["job.sbatch"] = script
+    ray = spec.cluster.ray
+    launch = {
+        "nodes": spec.cluster.nodes,
+        "gpus_per_node": spec.cluster.gpus_per_node,
+        "ray": {"port": ray.port, "dashboard_host": ray.dashboard_host,
+                "dashboard_port": ray.dashboard_port, "startup_timeout_s": ray.startup_timeout_s},
+        "fixed_head_ports": launcher == "slurm" and spec.cluster.slurm.exclusive,
+        "env": dict(spec.cluster.env),
+        "driver": os.environ.get("VIME_DRIVER") or DEFAULT_DRIVER,
+    }
+    info = {
+        "launcher": launcher,
+        "experiment": spec.experiment.name,
+        "spec": source_name,
+        "spec_sha256": hashlib.sha256(source_text.encode()).hexdigest(),
+        "vime_version": __version__,
+        "python": sys.executable,
+        "nodes": spec.cluster.nodes,
+        "gpus_per_node": spec.cluster.gpus_per_node,
+        "driver": launch["driver"],
+    }
+    return Prepared(folder, script, files, launch, info, plan)
+
+
+def dry_run_text(prepared: Prepared) -> str:
+    launch = prepared.launch
+    return (f"# job.sbatch (submitted from {prepared.experiment_dir}/ as "
+            f"`sbatch --hold --chdir=<that folder> job.sbatch`)\n"
+            + prepared.script + "\n"
+            + ports.describe(launch["nodes"], launch["ray"]["port"],
+                             launch["ray"]["dashboard_port"], launch["fixed_head_ports"])
+            + f"\ndriver: {launch['driver']}\n(dry run: nothing was submitted)\n")
+
+
+def _write_folder(prepared: Prepared, job_id: str) -> JobFolder:
+    folder = JobFolder(prepared.experiment_dir / job_id)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    info = dict(prepared.info, job_id=job_id,
+                submitted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    folder.write({**prepared.files,
+                  "launch.json": jobdir.dumps(dict(prepared.launch, job_id=job_id)),
+                  "job.json": jobdir.dumps(info)})
+    return folder
+
+
+def submit_slurm(prepared: Prepared) -> JobFolder:
+    from runtime.job import SlurmEntry
+    from vime.launch import slurm
+
+    if not slurm.available():
+        raise SubmitError("sbatch/srun not found: this machine is not a Slurm submit host "
+                          "(use --local to run here, or --ray-address for a running Ray cluster)")
+    prepared.experiment_dir.mkdir(parents=True, exist_ok=True)
+    spec = prepared.plan.spec
+    try:
+        job_id = slurm.submit_held(prepared.experiment_dir, prepared.script, spec.cluster.nodes,
+                                   slurm.time_minutes(spec.cluster.slurm.time),
+                                   SlurmEntry(str(prepared.experiment_dir)))
+    except slurm.SlurmError as err:
+        raise SubmitError(f"sbatch refused the job: {err}") from None
+    try:
+        folder = _write_folder(prepared, job_id)
+        slurm.release(job_id)
+    except BaseException:
+        slurm.cancel(job_id)
+        raise
+    return folder
+
+
+def new_local_id(kind: str) -> str:
+    # short: /tmp/vime-<id>-<attempt>-<node>/session_…/sockets/plasma_store < 107 bytes
+    return f"{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def submit_local(prepared: Prepared) -> tuple[JobFolder, int]:
+    from vime.launch.local import run_local
+
+    folder = _write_folder(prepared, new_local_id("local"))
+    code = run_local(folder.path, prepared.launch["nodes"], prepared.launch["gpus_per_node"],
+                     prepared.launch["env"])
+    return folder, code
+
+
+def submit_attached(prepared: Prepared, address: str) -> tuple[JobFolder, int]:
+    from vime.launch.local import run_attached
+
+    folder = _write_folder(prepared, new_local_id("ray"))
+    return folder, run_attached(folder.path, address, prepared.launch["env"])
