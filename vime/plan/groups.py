@@ -89,7 +89,7 @@ class Layout:
 
     @property
     def dense(self) -> Grid:
-        return Grid({"cp": self.cp, "tp": self.tp, "dp": self.dp, "pp": self.pp})
+        return Grid({"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp})
 
     @property
     def expert(self) -> Grid:
