@@ -54,6 +54,8 @@ def main(path: str) -> None:
             continue
         p = predict(case)
         a, r = case["peak_allocated_gib"], case["peak_reserved_gib"]
+        if "peak_backward_gib" not in case:
+            continue  # first run, before peaks were taken per phase
         print(f"| {case['layers']} | {case['recompute']} | {case['tokens']} | {a:.1f} GiB | "
               f"{p['allocated']:.1f} GiB | {(p['allocated'] - a) / a:+.1%} | {r:.1f} GiB | "
               f"{p['reserved']:.1f} GiB | {(p['reserved'] - r) / r:+.1%} | "

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SPECS
+from specsupport import ROOT, SPECS
 
 from vime.cli import main
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import ROOT, SPECS, run_spec
+from specsupport import ROOT, SPECS, run_spec
 
 from vime.emit import argfile, build, plan_json
 

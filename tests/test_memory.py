@@ -1,7 +1,7 @@
 """The memory planner: the seed's own facts, and its terms against hand arithmetic."""
 
 import pytest
-from conftest import ROOT, codes, run_spec
+from specsupport import ROOT, codes, run_spec
 
 from vime.plan.memory import GiB, actor_shard, memory_plan, padded_vocab
 

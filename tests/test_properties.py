@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from conftest import ROOT, run_text
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from specsupport import ROOT, run_text
 
 from vime.cli import main
 

@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, codes, run_text
+from specsupport import ROOT, codes, run_text
 
 from vime import check
 

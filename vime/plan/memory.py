@@ -29,7 +29,7 @@ GiB = 1024**3
 # Allowances, per GPU.
 CUDA_CONTEXT = 0.6 * GiB  # CUDA context + cuBLAS/cuDNN workspaces
 NCCL_BUFFERS = 1.0 * GiB  # communicators of the tp/dp/ep/pp groups
-FRAGMENTATION = 0.05  # caching-allocator slack on top of what is allocated
+FRAGMENTATION = 0.10  # caching-allocator slack (reserved over allocated), measured 3-15%
 VLLM_NON_TORCH = 1.0 * GiB  # NCCL + custom all-reduce buffers inside a vLLM worker
 VLLM_GRAPH_BASE, VLLM_GRAPH_EACH = 0.25 * GiB, 24 * 1024**2  # CUDA graphs: pool + per captured size
 VLLM_DEFAULT_CAPTURE_SIZES = 67  # vLLM's default list up to 512 (1, 2, 4, 8..256 by 8, 272..512 by 16)
@@ -145,25 +145,37 @@ def vllm_weight_params(spec: Spec) -> float:
 # -- training ------------------------------------------------------------------------------
 
 def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool) -> float:
-    """Bytes one token leaves in one layer for the backward pass (bf16, flash attention)."""
+    """Bytes one token leaves in one layer for the backward pass (bf16, flash attention).
+
+    Attention: the layer-norm input and output (split over tp with sequence parallelism),
+    q/k/v, their q/k-norm and RoPE outputs, the attention output and its fp32 log-sum-exp.
+    MoE: the pre-MLP norm input and output, fp32 router logits and probabilities, and per
+    routed copy (top-k): the permuted input, fc1 output (gate and up), the SwiGLU output and
+    the fc2 output kept for the probability-weighted unpermute. Calibrated against megatron-core
+    on an H200 (docs/memory-validation.md: 155 KiB measured per token per Qwen3-30B-A3B layer).
+    """
     par = spec.train.parallel
     h, d, tp = arch.hidden_size, arch.head_dim, par.tp
-    seq_split = tp if par.sequence_parallel else 1  # layer-norm inputs are split with SP
+    seq_split = tp if par.sequence_parallel else 1
     q, kv = arch.num_attention_heads * d, arch.num_kv_heads * d
-    attention = (2 * h + 2 * h) / seq_split + 2 * (q + 2 * kv) / tp + 2 * q / tp + 4 * (
-        arch.num_attention_heads / tp) + 2 * q / tp
+    attention = (4 * h / seq_split + 2 * (q + 2 * kv) / tp + 4 * (q + kv) / tp + 2 * q / tp
+                 + 4 * arch.num_attention_heads / tp)
     if spec.train.recompute == "selective":
         attention -= 2 * q / tp  # core attention output is recomputed
     if moe:
-        # tokens are dispatched top-k times; with SP each TP rank dispatches its own slice
+        # with SP each TP rank dispatches its own slice of the tokens
         local = 1 / seq_split
         fm = arch.moe_ffn_hidden_size / par.etp
-        mlp = 2 * h / seq_split + local * (8 * arch.num_experts + arch.topk * (
-            2 * h + 2 * 2 * fm + 2 * fm + 2 * h))
+        mlp = 4 * h / seq_split + local * (8 * arch.num_experts + arch.topk * (4 * h + 6 * fm))
     else:
-        f = arch.ffn_hidden_size
-        mlp = 2 * h / seq_split + (2 * h / seq_split) + (2 * 2 * f + 2 * f) / tp
+        mlp = 4 * h / seq_split + 6 * arch.ffn_hidden_size / tp
     return attention + mlp
+
+
+# The loss head: bf16 logits, the fp32 log-softmax output kept for backward, and in backward
+# the fp32 gradients of its output and input plus a bf16 gradient: 16 bytes per token per
+# vocabulary entry (14.9 measured on an H200, docs/memory-validation.md).
+LOGIT_BYTES = 16
 
 
 def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
@@ -206,11 +218,10 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
         stored = tokens * per_layer * layers
         how = f"{train.recompute} recompute, {layers:g} layers"
     terms.append(Term("activations", stored, f"{token_note}; {how}"))
-    # the output layer gathers the sequence over tp (SP) and keeps bf16 logits, their fp32
-    # copy for log-softmax and the fp32 gradient: 10 bytes per token per vocab entry
+    # the output layer gathers the sequence over tp (SP); see LOGIT_BYTES
     vocab = padded_vocab(arch.vocab_size, par.tp)
-    terms.append(Term("logits", tokens * vocab / par.tp * 10,
-                      f"{tokens} tokens × vocab {vocab} ÷ tp {par.tp}, bf16 + fp32 + fp32 grad"))
+    terms.append(Term("logits", tokens * vocab / par.tp * LOGIT_BYTES,
+                      f"{tokens} tokens × vocab {vocab} ÷ tp {par.tp} × {LOGIT_BYTES} B"))
     allocated = sum(t.bytes for t in terms)
     terms.append(Term("allowance", CUDA_CONTEXT + NCCL_BUFFERS + FRAGMENTATION * allocated,
                       f"CUDA context {CUDA_CONTEXT / GiB:.1f} + NCCL {NCCL_BUFFERS / GiB:.1f} GiB "

@@ -18,9 +18,11 @@ from vime.parse import Path
 from vime.resolve.model import PRESETS, Arch, ArchError, arch_from_config
 from vime.resolve.spec import SECTIONS, Derived, Origin, Spec
 
-# Nominal memory per card (GB as sold; `cluster.gpu_memory_gib` overrides).
+# Memory per card in GiB. H100/H800 (81559 MiB) and H200 (143771 MiB, read on an H200 on
+# 2026-11-29) are what the driver reports; the others are the nominal sizes until measured.
+# `cluster.gpu_memory_gib` overrides.
 GPU_MEMORY_GIB = {
-    "H100": 80, "H800": 80, "H20": 96, "H200": 141, "A100-80GB": 80, "A100-40GB": 40,
+    "H100": 79.6, "H800": 79.6, "H20": 96, "H200": 139.8, "A100-80GB": 80, "A100-40GB": 40,
     "A800": 80, "B200": 180, "GB200": 186, "L40S": 48,
 }
 
