@@ -62,3 +62,50 @@ def global_batch_divides_dp(spec: Spec):
             help=f"a global batch that is a multiple of {unit} (rollout.batch_size × "
             "n_samples_per_prompt ÷ steps_per_rollout), or a layout with another dp",
             related=("rollout.batch_size", "train.parallel.tp", "train.micro_batch_size"))
+
+
+@rule("V403", "rollouts-fill-a-step", enforced_by="megatron")
+def rollouts_fill_a_step(spec: Spec):
+    """The whole run must produce at least one optimizer step.
+
+    slime sets train_iters = num_rollout × batch_size × n_samples_per_prompt ÷
+    global_batch_size; when that is 0, Megatron's OptimizerParamScheduler fails with a bare
+    "AssertionError" on lr_decay_steps > 0 after the model has loaded.
+    Fix: more rollouts, or a smaller global batch."""
+    total = spec.rollout.num_rollout * spec.derived.samples_per_rollout
+    if total < spec.train.global_batch_size:
+        yield Finding("rollout.num_rollout",
+                      f"{spec.rollout.num_rollout} rollouts × {spec.derived.samples_per_rollout} "
+                      f"samples = {total} < global_batch_size {spec.train.global_batch_size}: no "
+                      "optimizer step would run", help="raise num_rollout",
+                      related=("train.global_batch_size",))
+
+
+@rule("V404", "grpo-needs-groups", severity="warning", enforced_by="vime")
+def grpo_needs_groups(spec: Spec):
+    """GRPO with one sample per prompt learns nothing.
+
+    GRPO's advantage is a sample's reward minus the mean reward of its group (the samples
+    of the same prompt); with n_samples_per_prompt = 1 every advantage is 0 and the policy
+    gradient vanishes (slime turns std normalisation off and trains on zeros).
+    Fix: n_samples_per_prompt ≥ 2 (the seed uses 2; 8 or 16 is common)."""
+    if spec.algorithm.name == "grpo" and spec.rollout.n_samples_per_prompt == 1:
+        yield Finding("rollout.n_samples_per_prompt",
+                      "GRPO with n_samples_per_prompt = 1: every advantage is 0",
+                      help="n_samples_per_prompt ≥ 2")
+
+
+@rule("V405", "kl-needs-reference", enforced_by="slime")
+def kl_needs_reference(spec: Spec):
+    """A KL term needs reference weights to compare the policy against.
+
+    With kl_loss_coef > 0 the actor computes reference log-probs from the initial weights
+    (model.torch_dist_checkpoint, slime's --ref-load); without them slime fails when it
+    builds the reference model ("--ref-load" / "args.ref_load is None").
+    Fix: set model.torch_dist_checkpoint (made by `vime convert`), or kl_loss_coef = 0."""
+    if spec.algorithm.kl_loss_coef > 0 and not spec.model.torch_dist_checkpoint:
+        yield Finding("algorithm.kl_loss_coef",
+                      f"kl_loss_coef = {spec.algorithm.kl_loss_coef} but no reference "
+                      "checkpoint (model.torch_dist_checkpoint) is set",
+                      help="set model.torch_dist_checkpoint, or kl_loss_coef = 0",
+                      related=("model.torch_dist_checkpoint",))

@@ -125,3 +125,27 @@ def gpu_memory_known(spec: Spec):
         yield Finding("cluster.gpu", f"unknown GPU {spec.cluster.gpu!r}: its memory is not known",
                       help=f"set cluster.gpu_memory_gib, or gpu = one of "
                       f"{', '.join(sorted(GPU_MEMORY_GIB))}")
+
+
+# sbatch options vime sets from the spec; extra_args must not set them again.
+MANAGED_SBATCH = ("--nodes", "-N", "--ntasks-per-node", "--gpus-per-node", "--gres", "--time",
+                  "-t", "--partition", "-p", "--account", "-A", "--qos", "--constraint", "-C",
+                  "--reservation", "--exclusive", "--job-name", "-J", "--output", "-o", "--error",
+                  "-e", "--cpus-per-task", "-c", "--signal")
+
+
+@rule("V704", "slurm-extra-args-contradict-spec", enforced_by="vime")
+def slurm_extra_args_contradict_spec(spec: Spec):
+    """cluster.slurm.extra_args sets an option that vime writes from the spec.
+
+    A second --nodes or --gpus-per-node makes the allocation differ from the plan that was
+    checked (sbatch takes the last one), and --output/--error would move the logs out of
+    the job folder that `vime logs` reads.
+    Fix: use the spec keys (cluster.nodes, gpus_per_node, [cluster.slurm] partition, time,
+    account, qos, constraint, reservation, exclusive, cpus_per_task)."""
+    for index, arg in enumerate(spec.cluster.slurm.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_SBATCH:
+            yield Finding(f"cluster.slurm.extra_args[{index}]",
+                          f"extra_args sets {flag}, which vime writes from the spec",
+                          help="remove it and set the matching spec key")

@@ -228,3 +228,39 @@ def overlap_needs_cpu_offload(spec: Spec):
                       "overlap_cpu_optimizer_d2h_h2d is on but cpu_offload is off",
                       help="remove it, or set cpu_offload = true",
                       related=("train.optimizer.cpu_offload",))
+
+
+@rule("V208", "cp-divides-sequence", enforced_by="megatron")
+def cp_divides_sequence(spec: Spec):
+    """With context parallelism the sequence length must be a multiple of 2 × cp.
+
+    Context parallelism splits each sequence into 2 × cp chunks (load-balanced causal
+    attention). `validate_args` asserts "seq-length should be a multiple of 2 *
+    context-parallel-size if context-parallel-size > 1." vime passes --seq-length =
+    max_prompt_len + max_response_len.
+    Fix: lengths whose sum is a multiple of 2 × cp."""
+    cp = spec.train.parallel.cp
+    seq = spec.rollout.max_prompt_len + spec.rollout.max_response_len
+    if cp > 1 and seq % (2 * cp):
+        fit = seq - seq % (2 * cp)
+        yield Finding("rollout.max_response_len",
+                      f"max_prompt_len + max_response_len = {seq} is not a multiple of "
+                      f"2 × cp = {2 * cp}",
+                      help=f"max_response_len = {fit - spec.rollout.max_prompt_len}",
+                      related=("train.parallel.cp", "rollout.max_prompt_len"))
+
+
+@rule("V214", "precision-aware-without-offload-needs-te", severity="warning", enforced_by="megatron")
+def precision_aware_without_offload_needs_te(spec: Spec):
+    """The precision-aware optimizer without CPU offload runs on Transformer Engine's FusedAdam.
+
+    megatron/core/optimizer/__init__.py raises "RuntimeError: --use-precision-aware-optimizer
+    requires FusedAdam from TransformerEngine, but not found." when TE is not installed;
+    with cpu_offload the check is skipped (CPU Adam is used instead).
+    Fix: make sure the job's image has transformer-engine, or set precision_aware = false."""
+    opt = spec.train.optimizer
+    if opt.precision_aware and not opt.cpu_offload:
+        yield Finding("train.optimizer.precision_aware",
+                      "precision_aware = true without cpu_offload needs Transformer Engine's "
+                      "FusedAdam on every node", help="install transformer-engine in the job's "
+                      "environment, or set precision_aware = false")

@@ -121,3 +121,78 @@ def context_fits_model(spec: Spec):
                       f"max_position_embeddings {limit}",
                       help=f"max_response_len = {max(limit - roll.max_prompt_len, 1)}",
                       related=("rollout.max_prompt_len",))
+
+
+# Flags vime derives from the plan; setting them again in extra_args would contradict it.
+VIME_VLLM_FLAGS = ("--model", "--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp",
+                   "--enable-expert-parallel", "-ep", "--enable-eplb", "--eplb-config",
+                   "--gpu-memory-utilization", "--max-model-len", "--cudagraph-capture-sizes",
+                   "--moe-backend", "--enable-sleep-mode", "--enable-return-routed-experts",
+                   "--pipeline-parallel-size", "-pp")
+
+
+@rule("V507", "extra-args-contradict-plan", enforced_by="vime")
+def extra_args_contradict_plan(spec: Spec):
+    """inference.extra_args sets a flag that vime derives from the spec.
+
+    vime passes extra_args after its own flags, so vLLM takes the last value and the engine
+    no longer matches the plan (placement groups, memory and expert counts computed for
+    another layout); pipeline parallelism inside an engine is not supported by vime at all.
+    Fix: set the spec key instead (inference.gpus_per_engine, data_parallel_size,
+    expert_parallel, [inference.eplb], gpu_memory_utilization, cudagraph_capture_sizes,
+    moe_backend)."""
+    for index, arg in enumerate(spec.inference.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in VIME_VLLM_FLAGS:
+            yield Finding(f"inference.extra_args[{index}]",
+                          f"extra_args sets {flag}, which vime derives from the spec",
+                          help="remove it and set the matching [inference] key")
+
+
+@rule("V508", "routing-replay-keeps-prefix-cache", enforced_by="vllm")
+def routing_replay_keeps_prefix_cache(spec: Spec):
+    """Returning routed experts (R3) needs vLLM's prefix caching.
+
+    vLLM's config/vllm.py `_verify_aux_output_compatibility` rejects
+    --enable-return-routed-experts unless prefix caching is on (and the model runner V2 is
+    used, which the runtime sets with VLLM_USE_V2_MODEL_RUNNER=1).
+    Fix: remove --no-enable-prefix-caching from inference.extra_args, or routing_replay = false."""
+    if not spec.train.routing_replay:
+        return
+    for index, arg in enumerate(spec.inference.extra_args):
+        if arg.split("=", 1)[0] == "--no-enable-prefix-caching":
+            yield Finding(f"inference.extra_args[{index}]",
+                          "routing_replay needs prefix caching, which this flag turns off",
+                          help="remove --no-enable-prefix-caching", related=("train.routing_replay",))
+
+
+@rule("V509", "vllm-dp-needs-moe", enforced_by="vllm", needs_arch=True)
+def vllm_dp_needs_moe(spec: Spec):
+    """vLLM data parallelism inside one engine is for MoE models.
+
+    For a dense model each DP rank runs as an independent engine and the offline path
+    raises "ValueError: Offline data parallel mode is not supported/useful for dense
+    models." (vllm/config/parallel.py).
+    Fix: data_parallel_size = 1 and more, smaller engines (gpus_per_engine = TP)."""
+    if not spec.arch.is_moe and spec.inference.data_parallel_size > 1:
+        yield Finding("inference.data_parallel_size",
+                      f"data_parallel_size = {spec.inference.data_parallel_size} on a dense model",
+                      help=f"data_parallel_size = 1 and gpus_per_engine = {spec.derived.vllm_tp}")
+
+
+@rule("V510", "vllm-tp-divides-expert-ffn", enforced_by="vllm", needs_arch=True)
+def vllm_tp_divides_expert_ffn(spec: Spec):
+    """Without expert parallelism vLLM splits every expert over all the engine's GPUs.
+
+    Then each expert's FFN is tensor-parallel over TP × DP GPUs and vLLM asserts
+    moe_intermediate_size % (TP × DP × PCP) == 0 (FusedMoEConfig.__post_init__,
+    model_executor/layers/fused_moe/config.py).
+    Fix: expert_parallel = true, or an engine size that divides the expert FFN size."""
+    inf, arch = spec.inference, spec.arch
+    if arch.is_moe and not inf.expert_parallel:
+        ways = spec.derived.vllm_tp * inf.data_parallel_size
+        if arch.moe_ffn_hidden_size % ways:
+            yield Finding("inference.expert_parallel",
+                          f"expert FFN size {arch.moe_ffn_hidden_size} does not split over TP × DP "
+                          f"= {ways} GPUs", help="expert_parallel = true",
+                          related=("inference.gpus_per_engine",))
