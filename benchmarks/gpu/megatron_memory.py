@@ -11,10 +11,8 @@ allocated and reserved memory of the last step and its tokens/s. vime's predicti
 same spec is computed on the CPU side (benchmarks/memory_validation.py), so this script
 needs nothing of vime.
 
-Core attention: the local layer spec's DotProductAttention materialises the [s, s] score
-matrix (32 GiB for one 16k sequence, see shared/reference/megatron.md); real runs use
-Transformer Engine's flash attention, so this script swaps in torch's
-scaled_dot_product_attention (flash kernel), which is what vime's memory model assumes.
+The model comes from runtime/megatron/model.py (local layer spec, flash core attention);
+run from the repository root so that `runtime` and `vime` import.
 """
 
 from __future__ import annotations
@@ -24,65 +22,24 @@ import json
 import time
 
 import torch
-import torch.nn.functional as F
 
-# Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B)
-QWEN3_30B_A3B = dict(hidden=2048, heads=32, kv_heads=4, head_dim=128, vocab=151936, experts=128,
-                     topk=8, moe_ffn=768, ffn=6144, rope_theta=1e6, eps=1e-6)
+from runtime.megatron.model import build_gpt, transformer_config
+from vime.resolve.model import PRESETS, arch_from_config
 
 
-class FlashCoreAttention(torch.nn.Module):
-    """Drop-in for megatron's core_attention: causal SDPA on [s, b, heads, d] tensors."""
-
-    def __init__(self, config, layer_number, attn_mask_type, attention_type,
-                 attention_dropout=None, softmax_scale=None, cp_comm_type=None, pg_collection=None):
-        super().__init__()
-        self.config = config
-        self.softmax_scale = softmax_scale
-
-    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
-                attention_bias=None, packed_seq_params=None):
-        # [s, b, h, d] -> [b, h, s, d]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                             enable_gqa=q.shape[1] != k.shape[1])
-        s, b = query.shape[0], query.shape[1]
-        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+def qwen3_30b_slice(layers: int):
+    """Qwen3-30B-A3B's published shapes with `layers` decoder layers."""
+    return arch_from_config({**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": layers})
 
 
 def build(layers: int, recompute: str, seq_len: int):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.module import Float16Module
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
-    m = QWEN3_30B_A3B
-    recompute_args = {}
-    if recompute == "full":
-        recompute_args = dict(recompute_granularity="full", recompute_method="uniform",
-                              recompute_num_layers=1)
-    elif recompute == "selective":
-        recompute_args = dict(recompute_granularity="selective")
-    config = TransformerConfig(
-        num_layers=layers, hidden_size=m["hidden"], num_attention_heads=m["heads"],
-        num_query_groups=m["kv_heads"], kv_channels=m["head_dim"], ffn_hidden_size=m["ffn"],
-        num_moe_experts=m["experts"], moe_ffn_hidden_size=m["moe_ffn"], moe_router_topk=m["topk"],
-        moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none",
-        moe_aux_loss_coeff=0.0, moe_router_dtype="fp32", normalization="RMSNorm",
-        layernorm_epsilon=m["eps"], gated_linear_unit=True, activation_func=F.silu,
-        add_bias_linear=False, add_qkv_bias=False, qk_layernorm=True, hidden_dropout=0.0,
-        attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16, attention_softmax_in_fp32=True,
-        variable_seq_lengths=True, **recompute_args)
-    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
-    for layer in spec.layer_specs:
-        layer.submodules.self_attention.submodules.core_attention = FlashCoreAttention
-    model = GPTModel(config, spec, vocab_size=m["vocab"], max_sequence_length=seq_len,
-                     position_embedding_type="rope", rotary_base=int(m["rope_theta"]),
-                     share_embeddings_and_output_weights=False).cuda()
-    model = Float16Module(config, model)
+    arch = qwen3_30b_slice(layers)
+    config = transformer_config(arch, recompute)
+    model = Float16Module(config, build_gpt(arch, config, seq_len).cuda())
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
                                                use_distributed_optimizer=True)
     model = DistributedDataParallel(config, ddp_config, model)
@@ -135,7 +92,7 @@ def run_case(case: dict) -> dict:
         torch.cuda.synchronize()
         resident = torch.cuda.memory_allocated()
         start = time.perf_counter()
-        peaks = grpo_step(model, optimizer, case["tokens"], QWEN3_30B_A3B["vocab"])
+        peaks = grpo_step(model, optimizer, case["tokens"], PRESETS["qwen3-30b-a3b"]["vocab_size"])
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     result = dict(case, params=params, after_build_gib=after_build / 2**30,
