@@ -85,7 +85,9 @@ def main() -> None:
     result["logprob_mean"] = {"hf": hf_lp.mean().item(), "megatron": mc_lp.mean().item()}
 
     # HF -> torch_dist -> HF, bit for bit
+    print(json.dumps(result["logprob_abs_diff"]), flush=True)
     start = time.perf_counter()
+    os.makedirs(f"{work}/torch_dist")
     dist_checkpointing.save(mc_model.sharded_state_dict(), f"{work}/torch_dist")
     result["torch_dist_save_s"] = time.perf_counter() - start
     fresh = build_gpt(arch, config, CONFIG["max_position_embeddings"]).to(torch.bfloat16).cuda()
