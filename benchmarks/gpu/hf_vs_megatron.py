@@ -40,6 +40,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--fp32", action="store_true", help="both models in fp32 (isolates the "
+                        "mapping from bf16 rounding)")
     args = parser.parse_args()
     import transformers
     from megatron.core import dist_checkpointing, parallel_state
@@ -55,7 +57,9 @@ def main() -> None:
                     "device": torch.cuda.get_device_name(), "config": CONFIG}
     arch = arch_from_config(CONFIG)
     hf_config = transformers.Qwen3MoeConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})
-    hf_model = transformers.Qwen3MoeForCausalLM(hf_config).to(torch.bfloat16).cuda().eval()
+    dtype = torch.float32 if args.fp32 else torch.bfloat16
+    result["dtype"] = str(dtype)
+    hf_model = transformers.Qwen3MoeForCausalLM(hf_config).to(dtype).cuda().eval()
     work = tempfile.mkdtemp()
     hf_model.save_pretrained(f"{work}/hf")
     files = sorted(f for f in os.listdir(f"{work}/hf") if f.endswith(".safetensors"))
@@ -67,8 +71,10 @@ def main() -> None:
     hf_weights = unfuse_experts(saved)
 
     # HF -> Megatron, log-probs of the same tokens
-    config = transformer_config(arch)
-    mc_model = build_gpt(arch, config, CONFIG["max_position_embeddings"]).to(torch.bfloat16).cuda()
+    precision = (dict(bf16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32)
+                 if args.fp32 else {})
+    config = transformer_config(arch, **precision)
+    mc_model = build_gpt(arch, config, CONFIG["max_position_embeddings"]).to(dtype).cuda()
     missing = mc_model.load_state_dict(
         {k: v.cuda() for k, v in hf_to_megatron(hf_weights, arch).items()}, strict=False)
     result["missing_keys"] = [k for k in missing.missing_keys if not k.endswith("_extra_state")]
@@ -90,7 +96,7 @@ def main() -> None:
     os.makedirs(f"{work}/torch_dist")
     dist_checkpointing.save(mc_model.sharded_state_dict(), f"{work}/torch_dist")
     result["torch_dist_save_s"] = time.perf_counter() - start
-    fresh = build_gpt(arch, config, CONFIG["max_position_embeddings"]).to(torch.bfloat16).cuda()
+    fresh = build_gpt(arch, config, CONFIG["max_position_embeddings"]).to(dtype).cuda()
     loaded = dist_checkpointing.load(fresh.sharded_state_dict(), f"{work}/torch_dist")
     fresh.load_state_dict(loaded, strict=False)
     back = megatron_to_hf({k: v for k, v in fresh.state_dict().items()
