@@ -1,0 +1,80 @@
+"""Rollout routing replay (R3): the experts vLLM chose, laid out as Megatron's routers see tokens.
+
+vLLM returns, per sample, `routed_experts` of shape [seq_len - 1, moe_layers, top_k] (logical
+expert ids, uint8 or uint16; shared/reference/vllm.md §5.6): one row per token it fed forward,
+so the last token of the sample has none. megatron-core replays routes through
+`RouterReplay.set_replay_data(list of [local_tokens, top_k] tensors, one per MoE layer)`
+(megatron/core/transformer/moe/router_replay.py), where a rank's local tokens are those its
+router sees:
+
+- samples are packed one after another (THD), each padded to a multiple of `pad_multiple`;
+- context parallelism splits every sample into 2 × cp chunks and gives rank r chunks r and
+  2·cp − 1 − r (load-balanced causal attention);
+- sequence parallelism then splits the rank's tokens into tp contiguous slices.
+
+The last token of a sample and the padding get a copy of the sample's last known route: their
+outputs never reach the loss (causal attention, masked logits), they only need valid ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ReplayLayout:
+    tp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    pad_multiple: int = 1  # each packed sample's length is rounded up to this
+
+    def __post_init__(self):
+        if self.cp > 1 and self.pad_multiple % (2 * self.cp):
+            raise ValueError(f"pad_multiple {self.pad_multiple} must be a multiple of 2 × cp = "
+                             f"{2 * self.cp}")
+
+
+def sample_routes(routed: np.ndarray, length: int, moe_layers: int) -> np.ndarray:
+    """[length, moe_layers, top_k] routes for one sample of `length` tokens."""
+    if routed.ndim != 3 or routed.shape[1] != moe_layers:
+        raise ValueError(f"routed experts of shape {routed.shape}, expected "
+                         f"[tokens, {moe_layers} MoE layers, top_k]")
+    if routed.shape[0] not in (length - 1, length):
+        raise ValueError(f"routed experts cover {routed.shape[0]} tokens of a {length}-token sample")
+    routes = routed.astype(np.int64)
+    missing = length - routes.shape[0]
+    if missing:
+        routes = np.concatenate([routes, np.repeat(routes[-1:], missing, axis=0)])
+    return routes
+
+
+def _pad(routes: np.ndarray, multiple: int) -> np.ndarray:
+    extra = -len(routes) % multiple
+    return np.concatenate([routes, np.repeat(routes[-1:], extra, axis=0)]) if extra else routes
+
+
+def local_routes(samples: Sequence[np.ndarray], lengths: Sequence[int], moe_layers: int,
+                 layout: ReplayLayout, tp_rank: int = 0, cp_rank: int = 0) -> np.ndarray:
+    """Routes of the tokens one (tp_rank, cp_rank) router sees: [local_tokens, layers, top_k]."""
+    pieces = []
+    for routed, length in zip(samples, lengths, strict=True):
+        routes = _pad(sample_routes(routed, length, moe_layers), layout.pad_multiple)
+        if layout.cp > 1:
+            chunks = np.split(routes, 2 * layout.cp)
+            routes = np.concatenate([chunks[cp_rank], chunks[2 * layout.cp - 1 - cp_rank]])
+        pieces.append(routes)
+    packed = np.concatenate(pieces)
+    if layout.sequence_parallel and layout.tp > 1:
+        if len(packed) % layout.tp:
+            raise ValueError(f"{len(packed)} packed tokens do not split over tp = {layout.tp}; "
+                             "pad samples to a multiple of tp")
+        packed = np.split(packed, layout.tp)[tp_rank]
+    return packed
+
+
+def per_layer(routes: np.ndarray) -> list[np.ndarray]:
+    """[tokens, layers, top_k] -> one [tokens, top_k] array per MoE layer (set_replay_data)."""
+    return [np.ascontiguousarray(routes[:, layer, :]) for layer in range(routes.shape[1])]
