@@ -72,8 +72,12 @@ def main() -> None:
               for layer in seen for t in range(layer.shape[0])]
     wanted = [sorted(routes[t, layer].tolist())
               for layer in range(moe_layers) for t in range(routes.shape[0])]
+    mismatches = [(i, c, w) for i, (c, w) in enumerate(zip(chosen, wanted)) if c != w]
     result = {
         "moe_layers": moe_layers, "tokens": int(routes.shape[0]),
+        "routers_seen": [list(t.shape) for t in seen],
+        "replay_instances": len(RouterReplay.global_router_replay_instances),
+        "mismatches": len(mismatches), "first_mismatches": mismatches[:3],
         "forced_routes_match": chosen == wanted,
         "forced_changes_logits": float((forced - natural).abs().max()),
         "replaying_recorded_routes_max_diff": float((again - natural).abs().max()),
