@@ -64,18 +64,19 @@ def main() -> None:
         RouterReplay.set_replay_data([torch.from_numpy(a).cuda() for a in per_layer(routes)])
         RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
         forced = model(ids, positions, None).float()
+        forced_maps = list(seen)
         RouterReplay.clear_global_indices()
 
         RouterReplay.set_replay_data(recorded)
         again = model(ids, positions, None).float()
     chosen = [sorted(torch.nonzero(layer[t]).flatten().tolist())
-              for layer in seen for t in range(layer.shape[0])]
+              for layer in forced_maps for t in range(layer.shape[0])]
     wanted = [sorted(routes[t, layer].tolist())
               for layer in range(moe_layers) for t in range(routes.shape[0])]
-    mismatches = [(i, c, w) for i, (c, w) in enumerate(zip(chosen, wanted)) if c != w]
+    mismatches = [(i, c, w) for i, (c, w) in enumerate(zip(chosen, wanted, strict=False)) if c != w]
     result = {
         "moe_layers": moe_layers, "tokens": int(routes.shape[0]),
-        "routers_seen": [list(t.shape) for t in seen],
+        "routers_seen_in_forced_pass": [list(t.shape) for t in forced_maps],
         "replay_instances": len(RouterReplay.global_router_replay_instances),
         "mismatches": len(mismatches), "first_mismatches": mismatches[:3],
         "forced_routes_match": chosen == wanted,
