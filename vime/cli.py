@@ -66,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="which node (default 0: the head, which runs the driver)")
     cancel = verbs.add_parser("cancel", help="cancel a submitted job; its nodes stop their Ray")
     cancel.add_argument("job", help="Slurm job id or job folder")
+    convert = verbs.add_parser("convert", help="HF safetensors <-> Megatron torch_dist with the "
+                               "spec's architecture (runs here, on one GPU)")
+    _spec_options(convert)
+    convert.add_argument("--to", choices=("torch_dist", "hf"), default="torch_dist",
+                         help="torch_dist: model.hf_checkpoint -> model.torch_dist_checkpoint; "
+                         "hf: back (default target: <torch_dist_checkpoint>_hf)")
+    convert.add_argument("-o", "--output", help="target folder (never overwritten)")
+    convert.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     return parser
 
 
@@ -181,6 +189,43 @@ def cmd_submit(args) -> int:
     return EXIT_OK if launcher == "slurm" or code == 0 else EXIT_JOB_FAILED
 
 
+def cmd_convert(args) -> int:
+    import json
+    import shlex
+    import subprocess
+    import tempfile
+
+    from vime.emit.resolved import arch_as_config
+
+    _source, result = _load(args)
+    _print_diagnostics(result, args.format)
+    if not result.ok:
+        return EXIT_SPEC
+    model = result.spec.model
+    if args.to == "torch_dist":
+        source, target = model.hf_checkpoint, args.output or model.torch_dist_checkpoint
+        if not target:
+            raise UsageError("set model.torch_dist_checkpoint in the spec, or -o FOLDER")
+    else:
+        if not model.torch_dist_checkpoint:
+            raise UsageError("model.torch_dist_checkpoint is not set: nothing to convert back")
+        source = model.torch_dist_checkpoint
+        target = args.output or model.torch_dist_checkpoint.rstrip("/") + "_hf"
+    if Path(target).exists():
+        raise UsageError(f"{target} exists; vime convert never overwrites a checkpoint")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="vime-arch-", delete=False) as fh:
+        json.dump(arch_as_config(result.spec), fh)
+    command = [sys.executable, "-m", "runtime.megatron.convert", "--to", args.to,
+               "--arch", fh.name, source, target]
+    print(" ".join(shlex.quote(part) for part in command))
+    if args.dry_run:
+        Path(fh.name).unlink(missing_ok=True)
+        return EXIT_OK
+    completed = subprocess.run(command, check=False)
+    Path(fh.name).unlink(missing_ok=True)
+    return EXIT_OK if completed.returncode == 0 else EXIT_INTERNAL
+
+
 def cmd_follow(args) -> int:
     from vime.launch import follow, slurm
 
@@ -201,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"plan": cmd_plan, "compile": cmd_compile, "explain": cmd_explain,
                "submit": cmd_submit, "status": cmd_follow, "logs": cmd_follow,
-               "cancel": cmd_follow}[args.verb]
+               "cancel": cmd_follow, "convert": cmd_convert}[args.verb]
     try:
         return handler(args)
     except UsageError as err:
