@@ -39,6 +39,9 @@ def _init_single_process() -> None:
         torch.distributed.init_process_group("nccl", world_size=1, rank=0)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(0)  # weights are overwritten; the RNG only must exist
 
 
 def read_hf(folder: Path) -> dict[str, torch.Tensor]:
