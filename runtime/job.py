@@ -62,6 +62,10 @@ from vime.launch import ports as port_plan
 
 POLL_S = 0.5
 WORKER_STOP_WAIT_S = 15.0
+# `ray start` on a worker gives its raylet 30 s to register with the GCS (ray/_private/node.py,
+# raylet_start_wait_time_s) and exits 1 after that; on a loaded node that happens. NeMo-RL's
+# ray.sub retries 3 times too.
+JOIN_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -288,13 +292,22 @@ def _run_worker(ctx: NodeContext, launch: dict, node: RayNode, common: dict) -> 
             state["state"] = "absent"
             print(f"vime: VIME_TEST_NO_JOIN: node {ctx.node} does not join", flush=True)
         else:
-            node.start(RayNode.command(head=False, address=head["address"], **common))
-            state["state"] = "joined"
+            argv = RayNode.command(head=False, address=head["address"], **common)
+            node.start(argv)
+            state.update(state="joined", tries=1)
         _write_json(state_path, state)
         while not done.exists():
             code = node.exit_code()
             if code is not None and state["state"] == "joined":
-                state.update(state="failed", error=f"`ray start` exited with code {code}")
+                if state["tries"] < JOIN_TRIES:
+                    print(f"vime: `ray start` exited with code {code}; joining again "
+                          f"(try {state['tries'] + 1} of {JOIN_TRIES})", flush=True)
+                    node.restart(argv, keep_logs=ctx.job_dir / "logs" / "ray"
+                                 / f"node-{ctx.node}-try{state['tries']}")
+                    state["tries"] += 1
+                else:
+                    state.update(state="failed", error=f"`ray start` exited with code {code} "
+                                 f"({JOIN_TRIES} tries)")
                 _write_json(state_path, state)
             time.sleep(POLL_S)
     finally:

@@ -170,6 +170,11 @@ class RayNode:
                                             start_new_session=True)
         self.started_at = time.time()
 
+    def restart(self, argv: list[str], keep_logs: Path | None = None) -> None:
+        self.stop(keep_logs=keep_logs)
+        self._stopped = False
+        self.start(argv)
+
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()
 

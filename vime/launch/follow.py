@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from vime.launch import slurm
-from vime.launch.jobdir import JobFolder, is_job_folder
+from vime.launch.jobdir import JobFolder, is_job_folder, remembered
 
 
 class FollowError(Exception):
@@ -34,10 +34,12 @@ def find(job: str) -> JobFolder:
     found = slurm.state(job)
     if found.source == "none":
         raise FollowError(f"Slurm knows no job {job} (not in squeue, nor in sacct)")
-    candidate = Path(found.workdir) / job
-    if not is_job_folder(candidate):
-        raise FollowError(f"job {job} is not a vime job (no job folder at {candidate})")
-    return JobFolder(candidate)
+    for candidate in (Path(found.workdir) / job, remembered(job)):
+        if candidate is not None and is_job_folder(candidate) and \
+                JobFolder(candidate).info.get("job_id") == job:
+            return JobFolder(candidate)
+    raise FollowError(f"job {job} is not a vime job, or its folder is gone (Slurm's working "
+                      f"directory: {found.workdir}); give its job folder instead")
 
 
 def _pid_alive(pid: int) -> bool:

@@ -46,6 +46,31 @@ class JobFolder:
             os.replace(tmp, self.path / name)
 
 
+def registry() -> Path:
+    """Where `vime submit` remembers Slurm job id -> job folder, for ids whose folder Slurm
+    itself cannot say (sacct mangles quotes in WorkDir)."""
+    state = os.environ.get("VIME_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "vime")
+    return Path(state) / "slurm-jobs"
+
+
+def remember(job_id: str, folder: Path) -> None:
+    link = registry() / job_id
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp = link.with_name(f".{job_id}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(folder)
+        os.replace(tmp, link)
+    except OSError:
+        pass  # a convenience: `vime status <folder>` always works
+
+
+def remembered(job_id: str) -> Path | None:
+    link = registry() / job_id
+    return link.resolve() if link.is_symlink() else None
+
+
 def is_job_folder(path: Path) -> bool:
     return (path / "job.json").is_file()
 

@@ -39,9 +39,12 @@ class Prepared:
 
 def experiment_dir(output_dir: str, name: str) -> Path:
     path = Path(os.path.abspath(Path(output_dir).expanduser())) / name
-    if "%" in str(path):  # Slurm and submitit read %j, %t, %A … in paths as patterns
-        raise SubmitError(f"experiment folder {str(path)!r} contains '%', which Slurm and "
-                          "submitit read as a file-name pattern; choose another output_dir")
+    # Slurm and submitit read %j, %t, %A … in paths as patterns, and a backslash anywhere in
+    # an output file name turns Slurm's patterns off (sbatch(1), "filename pattern")
+    for char, why in (("%", "a file-name pattern"), ("\\", "turning file-name patterns off")):
+        if char in str(path):
+            raise SubmitError(f"experiment folder {str(path)!r} contains {char!r}, which Slurm "
+                              f"reads as {why}; choose another output_dir")
     if "\n" in str(path) or "\r" in str(path):
         raise SubmitError("the experiment folder's path contains a line break")
     return path
@@ -116,6 +119,7 @@ def submit_slurm(prepared: Prepared) -> JobFolder:
         raise SubmitError(f"sbatch refused the job: {err}") from None
     try:
         folder = _write_folder(prepared, job_id)
+        jobdir.remember(job_id, folder.path)
         slurm.release(job_id)
     except BaseException:
         slurm.cancel(job_id)

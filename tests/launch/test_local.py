@@ -1,0 +1,76 @@
+"""The job's local twins against a real Ray with logical GPUs: `--local` (one process per node
+on this machine) and `--ray-address` (a Ray cluster started by hand)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from launchkit import DRIVERS, SMOKE, marked_processes, spec_sets, vime
+
+from runtime.ray_bootstrap import RayNode, temp_dir
+from vime.launch import ports
+
+
+def _folder_of(done, experiment_dir):
+    folders = list(experiment_dir.glob("*-*"))
+    assert len(folders) == 1, (done.stdout, done.stderr, folders)
+    return folders[0]
+
+
+def test_local_two_nodes_boot_ray_and_run_the_driver(tmp_path):
+    done = vime("submit", str(SMOKE), "--local", *spec_sets(tmp_path, **{
+        "cluster.env": '{VIME_TEST_ENV = "a;b"}'}), env={"VIME_DRIVER": f"{DRIVERS}:check"})
+    folder = _folder_of(done, tmp_path / "qwen3-30b-a3b-smoke")
+    assert done.returncode == 0, (folder / "logs" / "node-0.log").read_text()
+    seen = json.loads((folder / "driver.json").read_text())
+    assert (seen["nodes"], seen["gpus"], seen["bundles_per_node"]) == (2, 8.0, [4, 4])
+    assert seen["probe_nodes"] == 2 and seen["env"]["VIME_TEST_ENV"] == "a;b"
+    assert seen["env"]["RAY_ADDRESS"] == (folder / "ray_address").read_text().strip()
+    for name in ("resolved.toml", "plan.json", "megatron.args", "vllm.args", "job.sbatch",
+                 "job.json", "launch.json"):
+        assert (folder / name).is_file(), name
+    status = vime("status", str(folder))
+    assert status.returncode == 0 and "COMPLETED" in status.stdout
+    assert "ready      all 8 GPUs" in status.stdout
+    logs = vime("logs", str(folder), "--node", "1")
+    assert logs.returncode == 0
+    assert not marked_processes(f"VIME_RAY_NODE=/tmp/vime-{folder.name}-".encode())
+
+
+def test_a_failing_driver_fails_the_job_and_says_why(tmp_path):
+    done = vime("submit", str(SMOKE), "--local",
+                *spec_sets(tmp_path, nodes=1, gpus_per_node=2),
+                env={"VIME_DRIVER": f"{DRIVERS}:fail"})
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "the test driver fails on purpose" in done.stdout
+
+
+@pytest.fixture
+def ray_cluster_by_hand(tmp_path):
+    """A one-node Ray cluster with 8 logical GPUs, as someone would start it by hand."""
+    plan = ports.plan("byhand", 0, 0, False)
+    node = RayNode(temp_dir("byhand", 0, 0), tmp_path / "ray.log")
+    node.start(RayNode.command(head=True, address="", node_ip="127.0.0.1", plan=plan,
+                               ports=plan.node(0), node=0, gpus=8, cpus=2, temp=node.temp_dir,
+                               dashboard_host="127.0.0.1"))
+    yield f"127.0.0.1:{plan.gcs_port}"
+    node.stop()
+
+
+def test_ray_address_runs_the_driver_after_checking_the_gpus(tmp_path, ray_cluster_by_hand):
+    time.sleep(1)
+    runs = tmp_path / "runs"
+    too_big = vime("submit", str(SMOKE), "--ray-address", ray_cluster_by_hand,
+                   *spec_sets(runs), env={"VIME_DRIVER": f"{DRIVERS}:check"})
+    assert too_big.returncode == 4
+    assert "the plan needs 2 node(s) with 4 GPUs each" in too_big.stdout
+    fits = vime("submit", str(SMOKE), "--ray-address", ray_cluster_by_hand,
+                *spec_sets(runs, nodes=1, gpus_per_node=8),
+                env={"VIME_DRIVER": f"{DRIVERS}:check"})
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    folder = next(p for p in (runs / "qwen3-30b-a3b-smoke").iterdir()
+                  if (p / "driver.json").exists())
+    seen = json.loads((folder / "driver.json").read_text())
+    assert (seen["nodes"], seen["gpus"], seen["bundles_per_node"]) == (1, 8.0, [8])

@@ -1,0 +1,140 @@
+"""`vime submit` against a real Slurm (two slurmd on this machine, fake GPUs, accounting) and
+a real Ray with logical GPUs: the cluster comes from the `slurm_cluster` fixture."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+from launchkit import (
+    DRIVERS,
+    SMOKE,
+    job_state,
+    marked_processes,
+    spec_sets,
+    submitted_id,
+    vime,
+    wait_finished,
+    wait_until,
+)
+
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
+CHECK = {"VIME_DRIVER": f"{DRIVERS}:check"}
+PROGRESS = {"VIME_DRIVER": f"{DRIVERS}:progress"}
+
+
+def _job_folder(job_id: str):
+    from vime.launch import follow
+
+    return follow.find(job_id).path
+
+
+def _ray_of(job_id: str) -> list[int]:
+    return marked_processes(f"VIME_RAY_NODE=/tmp/vime-{job_id}-".encode())
+
+
+def _comment(job_id: str) -> str:
+    # slurmctld keeps finished jobs for MinJobAge; accounting stores no comment by default
+    return subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%k"],
+                          capture_output=True, text=True).stdout.rstrip("\n")
+
+
+def test_two_nodes_boot_ray_and_hostile_strings_stay_data(tmp_path):
+    """The issue's first test, with quotes, $(), backticks, ; and newlines in the experiment
+    folder, in [cluster.env] values and in sbatch extra args."""
+    trap = tmp_path / "trap"
+    trap.mkdir()
+    hostile = f"$(touch {trap}/1) `touch {trap}/2`; touch {trap}/3 'q' \"dq\" #h \\"
+    # '/' would make folders; '\\' and '%' are refused (Slurm reads them in file names)
+    output_dir = tmp_path / ("runs " + hostile.replace("/", "_").rstrip(" \\"))
+    env_value = hostile + "\nline 2 $(touch " + str(trap) + "/4)"
+    sets = spec_sets(output_dir, **{
+        "cluster.env": "{VIME_TEST_ENV = " + json.dumps(env_value) + ", VIME_TEST_ENV2 = "
+                       + json.dumps("`touch " + str(trap) + "/5`") + "}",
+        "cluster.slurm.extra_args": json.dumps(["--comment=" + hostile])})
+    job_id = submitted_id(vime("submit", str(SMOKE), *sets, env=CHECK, cwd=tmp_path))
+    assert wait_finished(job_id) == "COMPLETED", vime("logs", job_id).stdout
+    folder = _job_folder(job_id)
+    assert folder.parent == output_dir / "qwen3-30b-a3b-smoke"
+    seen = json.loads((folder / "driver.json").read_text())
+    assert (seen["nodes"], seen["gpus"], seen["bundles"]) == (2, 8.0, 8)
+    assert seen["bundles_per_node"] == [4, 4] and seen["probe_nodes"] == 2
+    assert sorted(len(ids) for ids in seen["probe_gpu_ids"]) == [1] * 8
+    assert seen["env"]["VIME_TEST_ENV"] == env_value
+    assert seen["env"]["VIME_TEST_ENV2"] == "`touch " + str(trap) + "/5`"
+    assert _comment(job_id) == hostile
+    assert list(trap.iterdir()) == []
+    assert not _ray_of(job_id)
+    status = vime("status", job_id)
+    assert status.returncode == 0, status.stderr
+    assert "COMPLETED" in status.stdout and "outcome    succeeded" in status.stdout
+    assert "Ray ready at" in vime("logs", job_id).stdout
+    assert "node=1(2)" in vime("logs", str(folder), "--node", "1").stdout
+
+
+def test_a_node_that_cannot_join_fails_the_job_within_the_timeout(tmp_path):
+    timeout_s = 15
+    sets = spec_sets(tmp_path, **{"cluster.ray.startup_timeout_s": str(timeout_s)})
+    started = time.time()
+    job_id = submitted_id(vime("submit", str(SMOKE), *sets,
+                               env={**CHECK, "VIME_TEST_NO_JOIN": "1"}))
+    assert wait_finished(job_id, timeout=120) == "FAILED"
+    took = time.time() - started
+    outcome = json.loads((_job_folder(job_id) / "outcome.json").read_text())
+    assert "node 1 (n2) never joined" in outcome["error"], outcome
+    assert "4 of 8 GPUs joined" in outcome["error"]
+    assert took < timeout_s + 45, took  # Ray's own start-up and teardown on 2 cores
+    assert "never joined" in vime("status", job_id).stdout
+    assert not _ray_of(job_id)
+
+
+def test_two_jobs_on_the_same_nodes_at_once_both_finish(tmp_path):
+    sets = spec_sets(tmp_path, nodes=2, gpus_per_node=2)
+    ids = [submitted_id(vime("submit", str(SMOKE), *sets, env=CHECK)) for _ in range(2)]
+    wait_until(lambda: all(job_state(i) == "RUNNING" for i in ids), 60, "both jobs running")
+    assert [wait_finished(i) for i in ids] == ["COMPLETED", "COMPLETED"]
+    addresses = set()
+    for job_id in ids:
+        folder = _job_folder(job_id)
+        seen = json.loads((folder / "driver.json").read_text())
+        assert (seen["nodes"], seen["gpus"], seen["bundles_per_node"]) == (2, 4.0, [2, 2])
+        addresses.add((folder / "ray_address").read_text())
+    assert len(addresses) == 2
+
+
+def test_cancel_ends_the_job_and_its_ray(tmp_path):
+    job_id = submitted_id(vime("submit", str(SMOKE), *spec_sets(tmp_path),
+                               env={**PROGRESS, "VIME_TEST_STEPS": "600"}))
+    folder = wait_until(lambda: job_state(job_id) == "RUNNING" and _job_folder(job_id), 60,
+                        "the job to run")
+    wait_until(lambda: (folder / "progress.json").exists(), 90, "the driver to start")
+    assert len(_ray_of(job_id)) > 0
+    cancelled = vime("cancel", job_id)
+    assert cancelled.returncode == 0 and "cancelled job" in cancelled.stdout
+    assert wait_finished(job_id, timeout=60).startswith("CANCELLED")
+    wait_until(lambda: not _ray_of(job_id), 20, f"job {job_id}'s Ray processes to end")
+
+
+def test_a_requeued_job_resumes_where_it_stopped(tmp_path):
+    env = {**PROGRESS, "VIME_TEST_STEPS": "6", "VIME_TEST_STEP_S": "1"}
+    job_id = submitted_id(vime("submit", str(SMOKE), *spec_sets(tmp_path), env=env))
+    folder = wait_until(lambda: job_state(job_id) == "RUNNING" and _job_folder(job_id), 60,
+                        "the job to run")
+    progress = folder / "progress.json"
+    wait_until(lambda: progress.exists() and json.loads(progress.read_text())["step"] >= 2, 90,
+               "two steps of progress")
+    # what Slurm sends 120 s before the time limit (#SBATCH --signal=USR2@120)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    wait_until(lambda: job_state(job_id) in ("PENDING", "REQUEUED"), 60, "the requeue")
+    # a requeued job waits ~120 s (BeginTime) before it is eligible again
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+    assert wait_finished(job_id, timeout=180) == "COMPLETED"
+    record = json.loads(progress.read_text())
+    assert record["step"] == 6
+    first, second = record["starts"]
+    assert first["resume"] is False and first["from_step"] == 0
+    assert second["resume"] is True and second["from_step"] >= 2
+    assert second["restart_count"] == "1"
+    assert not _ray_of(job_id)

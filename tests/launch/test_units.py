@@ -1,0 +1,107 @@
+"""The launcher's pure parts: port plan, sbatch quoting, time conversion, dry run, usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from launchkit import SMOKE, spec_sets, vime
+
+from vime import pipeline
+from vime.emit.sbatch import sbatch_word
+from vime.launch import ports
+from vime.launch.slurm import time_minutes
+from vime.parse import Source
+
+
+def test_port_plan_is_explicit_distinct_and_below_the_ephemeral_range():
+    plan = ports.plan("12345", 6379, 8265, fixed_head_ports=False)
+    used = [plan.gcs_port, plan.client_server_port, plan.dashboard_port]
+    for node in range(ports.NODE_SLOTS):
+        used += list(vars(plan.node(node)).values())
+    assert len(used) == len(set(used))
+    assert all(plan.base <= p < plan.base + ports.BLOCK for p in used)
+    assert max(p for job in range(ports.BLOCKS) for p in (ports.plan(str(job), 1, 1, False).base
+                                                          + ports.BLOCK - 1,)) < 32768
+    neighbour = ports.plan("12346", 6379, 8265, False)
+    assert neighbour.base == plan.base + ports.BLOCK  # consecutive jobs never share a port
+
+
+def test_exclusive_slurm_jobs_keep_the_specs_head_ports():
+    plan = ports.plan("7", 6379, 8265, fixed_head_ports=True)
+    assert (plan.gcs_port, plan.dashboard_port) == (6379, 8265)
+    assert ports.plan("local-1a2b3c4d", 1, 1, False) == ports.plan("local-1a2b3c4d", 1, 1, False)
+
+
+@pytest.mark.parametrize("word,expected", [
+    ("gpu", "gpu"), ("--mail-type=END", "--mail-type=END"), ("%j/logs/batch.log", "%j/logs/batch.log"),
+    ("h100&ib", '"h100&ib"'), ('--comment=a "b" #c', '"--comment=a \\"b\\" #c"'),
+    ("back\\slash", '"back\\\\slash"'),
+])
+def test_sbatch_words_are_quoted_the_way_sbatch_reads_directives(word, expected):
+    assert sbatch_word(word) == expected
+
+
+@pytest.mark.parametrize("text,minutes", [("10", 10), ("90:30", 91), ("1:00:00", 60),
+                                          ("2-00:00:00", 2880), ("1-2", 1560), ("0-0:1", 1)])
+def test_slurm_time_in_minutes(text, minutes):
+    assert time_minutes(text) == minutes
+
+
+HOSTILE = "$(touch {d}/pwned-1) `touch {d}/pwned-2`; touch {d}/pwned-3 'q' \"dq\" #h\\"
+
+
+def test_hostile_env_and_extra_args_render_as_data(tmp_path):
+    env_value = HOSTILE.format(d=tmp_path) + "\nsecond line"
+    sets = spec_sets(tmp_path / "runs", **{
+        "cluster.env": f"{{VIME_TEST_ENV = {json.dumps(env_value)}}}",
+        "cluster.slurm.extra_args": json.dumps(["--comment=" + HOSTILE.format(d=tmp_path)]),
+        "cluster.slurm.constraint": '"a100 & (ib|eth)"'})
+    result = pipeline.run(Source("spec.toml", SMOKE.read_text()), sets[1::2], SMOKE.parent)
+    assert result.ok, [d.message for d in result.diagnostics]
+    from vime.emit import sbatch
+
+    script = sbatch.render(result.plan, python=sys.executable)
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    # the whole script, with srun standing in to show what the tasks would get
+    fake_srun = 'srun() { printf %s "$VIME_TEST_ENV"; }\n'
+    shown = subprocess.run(["bash", "-c", fake_srun + script], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert shown.stdout == env_value
+    assert not list(tmp_path.glob("pwned-*"))
+    assert '#SBATCH --constraint="a100 & (ib|eth)"' in script
+
+
+def test_dry_run_prints_the_script_and_port_plan_and_imports_no_ray(tmp_path):
+    probe = ("import sys; from vime.cli import main; rc = main(sys.argv[1:]); "
+             "print('HEAVY', sorted(m for m in ('ray', 'submitit', 'torch') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe, "submit", str(SMOKE), "--dry-run",
+                           *spec_sets(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH --nodes=2" in done.stdout and "#SBATCH --gpus-per-node=4" in done.stdout
+    assert "-m submitit.core._submit %j/submitit" in done.stdout
+    assert "Ray port plan" in done.stdout and "node 1: node-manager base+16" in done.stdout
+    assert "nothing was submitted" in done.stdout
+    assert "HEAVY []" in done.stdout
+    assert not (tmp_path / "qwen3-30b-a3b-smoke").exists()
+
+
+def test_submit_without_slurm_is_a_usage_error(tmp_path):
+    done = vime("submit", str(SMOKE), *spec_sets(tmp_path), env={"PATH": "/nonexistent"})
+    assert done.returncode == 2
+    assert "not a Slurm submit host" in done.stderr and "--local" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["a%jb", "a\\b"])
+def test_slurm_file_name_specials_in_the_experiment_folder_are_refused(tmp_path, name):
+    done = vime("submit", str(SMOKE), "--dry-run", *spec_sets(tmp_path / name))
+    assert done.returncode == 2 and "file-name pattern" in done.stderr
+
+
+def test_status_of_something_that_is_not_a_job(tmp_path):
+    done = vime("status", str(tmp_path))
+    assert done.returncode == 2 and "not a vime job folder" in done.stderr
+    done = vime("logs", "no-such-job")
+    assert done.returncode == 2 and "neither a job folder nor a Slurm job id" in done.stderr
