@@ -207,7 +207,11 @@ class RayNode:
             if logs.is_dir():
                 shutil.copytree(logs, keep_logs, dirs_exist_ok=True, symlinks=False,
                                 ignore_dangling_symlinks=True)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        for _ in range(5):  # a process that was still exiting may have written into it
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            if not self.temp_dir.exists():
+                break
+            time.sleep(0.5)
 
 
 # ------------------------------------------------------------------------------- the cluster
