@@ -71,6 +71,7 @@ def test_vllm_parses_vimes_arguments_into_the_planned_engine(spec, request):
     assert args.enable_sleep_mode == result.spec.train.colocate
     assert args.enable_return_routed_experts == result.spec.train.routing_replay
     assert args.seed == result.spec.experiment.seed
+    assert args.logprobs_mode == "processed_logprobs"
     assert args.distributed_executor_backend == ("ray" if len(engine.nodes) > 1 else None)
     if inf.moe_backend != "auto":
         assert args.moe_backend == inf.moe_backend
