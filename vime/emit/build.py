@@ -38,10 +38,9 @@ def files(plan: Plan, source_name: str, source_text: str, plan_obj: dict,
             "plan.json      layout, groups, engines and batch (as `vime plan --json`)\n"
             "megatron.args  the actor's Megatron-LM arguments (shlex.split gives the argv)\n"
             "vllm.args      each rollout engine's vLLM arguments\n"
-            "job.sbatch     the Slurm allocation the job asks for\n\n"
+            "job.sbatch     the Slurm batch script `vime submit` submits\n\n"
             f"Check it again:   vime plan {build_dir}/resolved.toml\n"
-            f"Submit it:        vime submit {source_name}\n"
-            "(`vime submit` comes with the Slurm launcher; until then the sbatch file is for review.)\n"
+            f"Submit it:        vime submit {source_name}   (--dry-run prints the job script)\n"
         ),
         MARKER: f"{digest}\n",
     }
