@@ -1,0 +1,87 @@
+"""On a GPU: training tokens/s of vime's Megatron backend (runtime/backends/megatron_train.py,
+train_step with the GRPO loss) against a plain megatron-core loop on the same model and batch
+(benchmarks/gpu/megatron_memory.py's step: forward, fp32 log-softmax, gather, backward,
+optimizer step). Qwen3-30B-A3B layer shapes, `--layers` layers, one sequence of `--tokens`.
+
+    python benchmarks/gpu/megatron_backend_speed.py --layers 2 --tokens 8192 --out $OUT/speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from types import MappingProxyType
+
+import torch
+
+from runtime.backends.megatron_train import MegatronTrainingBackend
+from runtime.interfaces import TrainBatch
+from runtime.slices import LossConfig, ModelSlice, OptimizerSlice, TrainSlice
+from vime.resolve.model import PRESETS
+
+
+def timed(step, repeats: int) -> float:
+    step()  # warm-up (allocations, Adam state)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    arch = {**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": args.layers,
+            "max_position_embeddings": max(args.tokens, 4096)}
+    ones = {k: 1 for k in ("tp", "pp", "cp", "ep", "etp", "dp", "edp")}
+    zeros = {k: 0 for k in ones}
+    train_slice = TrainSlice(
+        backend="megatron", model=ModelSlice("", MappingProxyType(arch), True, 1234), rank=0,
+        world_size=1, node=0, gpu=0, coords=MappingProxyType(zeros),
+        parallel=MappingProxyType(ones), master_addr="127.0.0.1", master_port=0,
+        optimizer=OptimizerSlice(1e-6, 0.1, 0.9, 0.98, 1.0), loss=LossConfig(), temperature=1.0,
+        micro_batch_size=1, dynamic_batch=True, max_tokens_per_gpu=args.tokens,
+        needs_ref=False, routing_replay=False, recompute="none", cpu_threads=8)
+    backend = MegatronTrainingBackend()
+    backend.init(train_slice)
+    vocab = arch["vocab_size"]
+    tokens = torch.randint(0, vocab, (args.tokens,)).tolist()
+    response = args.tokens - 1
+    batch = TrainBatch(tokens=[tokens], prompt_lens=[1], advantages=[0.5],
+                       old_log_probs=[[-2.0] * response], step_response_tokens=response)
+    backend_s = timed(lambda: backend.train_step(batch), args.repeats)
+
+    # the plain megatron-core loop on the same module, optimizer and tokens
+    ids = torch.tensor([tokens], device="cuda")
+    targets = torch.roll(ids, -1, dims=1)
+    positions = torch.arange(args.tokens, device="cuda").unsqueeze(0)
+    advantages = torch.full((1, args.tokens), 0.5, device="cuda")
+
+    def plain_step():
+        backend.model.zero_grad_buffer()
+        backend.optimizer.zero_grad()
+        logits = backend.model(ids, positions, None)
+        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        (-(logp * advantages).mean()).backward()
+        backend.model.finish_grad_sync()
+        backend.optimizer.step()
+
+    plain_s = timed(plain_step, args.repeats)
+    result = {"layers": args.layers, "tokens": args.tokens, "device": torch.cuda.get_device_name(),
+              "backend_step_s": backend_s, "plain_step_s": plain_s,
+              "backend_tokens_per_s": args.tokens / backend_s,
+              "plain_tokens_per_s": args.tokens / plain_s, "ratio": plain_s / backend_s}
+    print(json.dumps(result, indent=1))
+    with open(args.out, "w") as fh:
+        json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
