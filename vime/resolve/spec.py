@@ -80,6 +80,7 @@ class Model:
     save: str | None
     preset: str | None
     arch: dict  # the [model.arch] overrides as written
+    random_init: bool
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Data:
     input_key: str
     label_key: str
     apply_chat_template: bool
+    shuffle: bool
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class Optimizer:
     weight_decay: float
     adam_beta1: float
     adam_beta2: float
+    clip_grad: float
     distributed: bool
     cpu_offload: bool
     overlap_cpu_optimizer_d2h_h2d: bool
@@ -146,7 +149,12 @@ class Algorithm:
     eps_clip: float
     eps_clip_high: float
     kl_loss_coef: float
+    kl_estimator: str
     entropy_coef: float
+    std_normalization: bool
+    tis: bool
+    tis_clip: float
+    tis_clip_low: float
 
 
 @dataclass(frozen=True)
