@@ -1,0 +1,201 @@
+"""The two seams of the runtime: a training backend and a rollout backend.
+
+The driver (runtime/loop.py) talks to every backend through these methods only, inside a
+Ray actor per training rank and per rollout engine (runtime/actors.py). Implementations:
+
+    training  "torch"     runtime/backends/torch_train.py    (CPU or one GPU, DP over ranks)
+              "megatron"  issue 7
+    rollout   "torch"     runtime/backends/torch_rollout.py  (one device per engine)
+              "vllm"      issue 8
+
+A backend receives its slice of the plan (runtime/slices.py) as frozen, typed data; it never
+sees the whole spec. docs/runtime.md is the contract in prose, with the call order.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from runtime.slices import EngineSlice, TrainSlice
+
+# ----------------------------------------------------------------------------------- rollout
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    stop_token_ids: tuple[int, ...]
+    return_routed_experts: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: tuple[int, ...]
+    seed: int  # per request, so a rollout replays exactly after a resume (vLLM: SamplingParams.seed)
+
+
+@dataclass
+class Generation:
+    """One sampled response.
+
+    token_ids: the response tokens, including the stop token when one ended it.
+    log_probs: per response token, log softmax(logits / temperature)[token], before top-p.
+    finish_reason: "stop" (a stop token) or "length" (max_new_tokens reached).
+    routed_experts: when asked, an integer array [prompt + response tokens - 1, MoE layers,
+        top-k]: the experts each token was routed to when it was fed to the model (the last
+        token never is), slime's R3 layout and vLLM's (runtime/routing.py lays it out for
+        Megatron's routers); None otherwise.
+    """
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: Literal["stop", "length"]
+    routed_experts: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class WeightBucket:
+    """Part of a weight update: HF checkpoint names (model.layers.0.mlp.experts.3.up_proj.weight)
+    to tensors. An update is a sequence of buckets of one version; the last has last=True,
+    after which the engine generates with that version."""
+
+    version: int
+    tensors: dict = field(hash=False)
+    last: bool
+
+
+class RolloutBackend(abc.ABC):
+    """One rollout engine (possibly several GPUs: vLLM's TP × DP inside it).
+
+    States: started -> awake; sleep() frees device memory (level 1: weights to host, KV
+    cache dropped; level 2: weights dropped too, an update must come before generating);
+    wake(tags) brings back "weights" and/or "kv_cache". generate() needs both awake and
+    weights present; calling it otherwise raises."""
+
+    @abc.abstractmethod
+    def start(self, slice: EngineSlice) -> None:
+        """Load the model (or build it from its architecture) on this engine's devices."""
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest],
+                 params: SamplingParams) -> list[Generation]:
+        """One response per request, in order."""
+
+    @abc.abstractmethod
+    def update_weights(self, bucket: WeightBucket) -> None:
+        """Copy the bucket's tensors into the engine's weights (HF names)."""
+
+    @abc.abstractmethod
+    def weight_version(self) -> int:
+        """The version of the last complete update (0 before any)."""
+
+    @abc.abstractmethod
+    def sleep(self, level: int = 1) -> None:
+        """Free device memory for the trainer (colocated runs)."""
+
+    @abc.abstractmethod
+    def wake(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
+        """Re-allocate what sleep() freed."""
+
+    def stop(self) -> None:  # noqa: B027  (optional: most backends need nothing)
+        """Release everything (the job is ending)."""
+
+
+# ---------------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainBatch:
+    """Samples for one call, columnar. Token lists hold prompt + response; every per-token
+    list (log-probs) covers the response tokens only."""
+
+    tokens: list[list[int]]
+    prompt_lens: list[int]
+    advantages: list[float] | None = None
+    rollout_log_probs: list[list[float]] | None = None
+    old_log_probs: list[list[float]] | None = None
+    ref_log_probs: list[list[float]] | None = None
+    routed_experts: list[np.ndarray] | None = None
+    # response tokens of the whole optimizer step over every rank: the loss divides by it
+    step_response_tokens: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def response_lens(self) -> list[int]:
+        return [len(t) - p for t, p in zip(self.tokens, self.prompt_lens, strict=True)]
+
+    def select(self, indices: Sequence[int]) -> TrainBatch:
+        def pick(column):
+            return None if column is None else [column[i] for i in indices]
+
+        return TrainBatch(
+            tokens=pick(self.tokens), prompt_lens=pick(self.prompt_lens),
+            advantages=pick(self.advantages), rollout_log_probs=pick(self.rollout_log_probs),
+            old_log_probs=pick(self.old_log_probs), ref_log_probs=pick(self.ref_log_probs),
+            routed_experts=pick(self.routed_experts),
+            step_response_tokens=self.step_response_tokens)
+
+
+class TrainingBackend(abc.ABC):
+    """One rank of the actor. The driver calls every method on every rank (SPMD), each with
+    its share of the samples; collectives between ranks are the backend's business.
+
+    States: init -> onloaded; offload() moves weights, gradients and optimizer state off the
+    device (colocated runs, while the engines generate); onload() brings them back.
+    log_probs and train_step need the onloaded state; export_weights, save and load work in
+    both."""
+
+    @abc.abstractmethod
+    def init(self, slice: TrainSlice) -> None:
+        """Join the rank's process groups, build or load the model, the reference model
+        (when slice.needs_ref) and the optimizer."""
+
+    @abc.abstractmethod
+    def log_probs(self, batch: TrainBatch, model: Literal["actor", "ref"] = "actor"
+                  ) -> list[list[float]]:
+        """Per sample, the log-probs of its response tokens under the current actor weights
+        (or the reference weights), at the rollout temperature."""
+
+    @abc.abstractmethod
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on this rank's share of the step's samples (old_log_probs and
+        advantages filled in; ref_log_probs when a KL loss is on; rollout_log_probs for TIS).
+        Returns sums over this rank's response tokens ("response_tokens", "pg_loss",
+        "clipped_tokens", "ppo_kl", "kl", "entropy", ...) and per-step scalars prefixed
+        with "step/" (grad_norm, lr), which the driver combines."""
+
+    @abc.abstractmethod
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict]:
+        """The current weights under HF checkpoint names, in buckets of about bucket_bytes.
+        Called on every rank (gathers may be collective); ranks holding nothing to send
+        yield nothing."""
+
+    @abc.abstractmethod
+    def offload(self) -> None:
+        """Free the device for the rollout engines."""
+
+    @abc.abstractmethod
+    def onload(self) -> None:
+        """Take the device back."""
+
+    @abc.abstractmethod
+    def save(self, path: Path) -> None:
+        """Write this rank's part of the model, optimizer and RNG state under path (a folder
+        shared by all ranks, not yet visible as a checkpoint: the driver renames it when
+        every rank is done)."""
+
+    @abc.abstractmethod
+    def load(self, path: Path) -> None:
+        """Restore what save() wrote."""
+
+    def stop(self) -> None:  # noqa: B027  (optional: most backends need nothing)
+        """Release everything (the job is ending)."""

@@ -1,0 +1,286 @@
+"""Typed slices of the plan: what each component of the runtime receives.
+
+The driver reads plan.json and resolved.toml once (JobConfig.from_job) and hands each
+training rank a TrainSlice and each rollout engine an EngineSlice: frozen data holding only
+what that component needs. No component sees the whole spec, and nothing is changed at run
+time (style.md, "the runtime gets slices").
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelSlice:
+    hf_checkpoint: str  # absolute when it exists (see resolve_path)
+    arch: MappingProxyType  # HF config.json keys ([model.arch] of resolved.toml)
+    random_init: bool  # build from arch with `seed` instead of loading hf_checkpoint
+    seed: int
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    kl_loss_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+
+
+@dataclass(frozen=True)
+class OptimizerSlice:
+    lr: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    clip_grad: float
+
+
+@dataclass(frozen=True)
+class TrainSlice:
+    """One training rank: where it runs, its parallel coordinates and what it computes."""
+
+    backend: str
+    model: ModelSlice
+    rank: int
+    world_size: int
+    node: int
+    gpu: int
+    coords: MappingProxyType  # Megatron coordinates of this rank: tp, cp, dp, pp, ep, etp, edp
+    parallel: MappingProxyType  # sizes: tp, pp, cp, ep, etp, dp, edp
+    master_addr: str
+    master_port: int
+    optimizer: OptimizerSlice
+    loss: LossConfig
+    temperature: float  # log-probs are of logits / temperature, as the rollout sampled
+    micro_batch_size: int
+    dynamic_batch: bool
+    max_tokens_per_gpu: int
+    needs_ref: bool  # keep the initial weights as the KL reference
+    routing_replay: bool  # replay the rollout's routed experts (R3)
+    recompute: str
+    cpu_threads: int
+    args: tuple[str, ...] = ()  # megatron.args of the job folder, for the Megatron backend
+
+
+@dataclass(frozen=True)
+class EngineSlice:
+    """One rollout engine: its GPUs, its vLLM layout and the model it serves."""
+
+    backend: str
+    engine: int
+    gpus: tuple[tuple[int, int], ...]  # (node, gpu) in the plan's order
+    tp: int
+    dp: int
+    ep: int
+    model: ModelSlice
+    max_model_len: int
+    cpu_threads: int
+    args: tuple[str, ...] = ()  # vllm.args of the job folder, for the vLLM backend
+    # the placement-group bundles of `gpus`, in the same order (vLLM's Ray executor takes them
+    # as VLLM_RAY_BUNDLE_INDICES; the engine's actor captures child tasks into the group)
+    bundles: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    prompt_data: Path
+    input_key: str
+    label_key: str
+    apply_chat_template: bool
+    shuffle: bool
+    max_prompt_len: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What the driver itself reads: the loop's numbers, the data, the reward, checkpoint and
+    logging settings, and the plan's placement. Components get slices made from it."""
+
+    name: str
+    seed: int
+    num_rollout: int
+    prompts_per_rollout: int
+    samples_per_prompt: int
+    global_batch_size: int
+    steps_per_rollout: int
+    temperature: float
+    top_p: float
+    max_response_len: int
+    reward: str
+    std_normalization: bool
+    colocate: bool
+    train_backend: str
+    rollout_backend: str
+    model: ModelSlice
+    data: DataConfig
+    loss: LossConfig
+    optimizer: OptimizerSlice
+    train: MappingProxyType  # [train] keys the slices need
+    ranks: tuple[MappingProxyType, ...]  # plan.json train.ranks
+    parallel: MappingProxyType
+    engines: tuple[MappingProxyType, ...]  # plan.json rollout.engines
+    save_interval: int
+    save_dir: Path
+    load_dir: Path
+    tensorboard_dir: Path | None
+    wandb_project: str | None
+    wandb_group: str | None
+    job_dir: Path
+    resolved: MappingProxyType = field(repr=False)
+    megatron_args: tuple[str, ...] = ()
+    vllm_args: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------------------------ build
+
+    @staticmethod
+    def from_job(plan: dict, resolved_toml: str, job_dir: Path) -> JobConfig:
+        spec = tomllib.loads(resolved_toml)
+        job_dir = Path(job_dir).resolve()
+        spec_dir = _spec_dir(plan, job_dir)
+        exp, model, data, rollout = spec["experiment"], spec["model"], spec["data"], spec["rollout"]
+        train, algo, inference = spec["train"], spec["algorithm"], spec["inference"]
+        logging = spec.get("logging", {})
+        experiment_dir = job_dir.parent
+        save_dir = _path(model.get("save"), spec_dir) or experiment_dir / "checkpoints"
+        load_dir = _path(model.get("load"), spec_dir) or save_dir
+        checkpoint = _path(model["hf_checkpoint"], spec_dir)
+        model_slice = ModelSlice(
+            hf_checkpoint=str(checkpoint if checkpoint.exists() else model["hf_checkpoint"]),
+            arch=MappingProxyType(dict(model.get("arch", {}))),
+            random_init=bool(model.get("random_init", False)), seed=int(exp["seed"]))
+        optimizer = train["optimizer"]
+        tensorboard = logging.get("tensorboard_dir")
+        return JobConfig(
+            name=exp["name"], seed=int(exp["seed"]),
+            num_rollout=int(rollout["num_rollout"]),
+            prompts_per_rollout=int(rollout["batch_size"]),
+            samples_per_prompt=int(rollout["n_samples_per_prompt"]),
+            global_batch_size=int(train["global_batch_size"]),
+            steps_per_rollout=int(train["steps_per_rollout"]),
+            temperature=float(rollout["temperature"]), top_p=float(rollout["top_p"]),
+            max_response_len=int(rollout["max_response_len"]),
+            reward=rollout["reward"],
+            std_normalization=bool(algo.get("std_normalization", True)),
+            colocate=bool(plan["colocate"]),
+            train_backend=train["backend"], rollout_backend=inference["backend"],
+            model=model_slice,
+            data=DataConfig(
+                prompt_data=_path(data["prompt_data"], spec_dir, must_exist=True),
+                input_key=data["input_key"], label_key=data["label_key"],
+                apply_chat_template=bool(data["apply_chat_template"]),
+                shuffle=bool(data.get("shuffle", True)),
+                max_prompt_len=int(rollout["max_prompt_len"]), seed=int(exp["seed"])),
+            loss=LossConfig(
+                eps_clip=float(algo["eps_clip"]), eps_clip_high=float(algo["eps_clip_high"]),
+                kl_loss_coef=float(algo["kl_loss_coef"]),
+                kl_estimator=algo.get("kl_estimator", "k3"),
+                entropy_coef=float(algo["entropy_coef"]), tis=bool(algo.get("tis", False)),
+                tis_clip=float(algo.get("tis_clip", 2.0)),
+                tis_clip_low=float(algo.get("tis_clip_low", 0.0))),
+            optimizer=OptimizerSlice(
+                lr=float(optimizer["lr"]), weight_decay=float(optimizer["weight_decay"]),
+                adam_beta1=float(optimizer["adam_beta1"]),
+                adam_beta2=float(optimizer["adam_beta2"]),
+                clip_grad=float(optimizer.get("clip_grad", 1.0))),
+            train=MappingProxyType({k: train[k] for k in (
+                "micro_batch_size", "dynamic_batch", "max_tokens_per_gpu", "routing_replay",
+                "recompute")}),
+            ranks=tuple(MappingProxyType(r) for r in plan["train"]["ranks"]),
+            parallel=MappingProxyType({k: plan["train"][k] for k in (
+                "tp", "pp", "cp", "ep", "etp", "dp", "edp")}),
+            engines=tuple(MappingProxyType(e) for e in plan["rollout"]["engines"]),
+            save_interval=int(spec["checkpoint"]["save_interval"]),
+            save_dir=save_dir, load_dir=load_dir,
+            tensorboard_dir=(_path(tensorboard, job_dir) if tensorboard else None),
+            wandb_project=logging.get("wandb_project"), wandb_group=logging.get("wandb_group"),
+            job_dir=job_dir, resolved=MappingProxyType(spec),
+            megatron_args=_argfile(job_dir / "megatron.args"),
+            vllm_args=_argfile(job_dir / "vllm.args"),
+        )
+
+    # ----------------------------------------------------------------------------- slices
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.loss.kl_loss_coef > 0
+
+    def train_slice(self, rank: int, master_addr: str, master_port: int,
+                    cpu_threads: int) -> TrainSlice:
+        entry = self.ranks[rank]
+        coords = {k: entry[k] for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp") if k in entry}
+        return TrainSlice(
+            backend=self.train_backend, model=self.model, rank=rank,
+            world_size=len(self.ranks), node=entry["node"], gpu=entry["gpu"],
+            coords=MappingProxyType(coords), parallel=self.parallel,
+            master_addr=master_addr, master_port=master_port, optimizer=self.optimizer,
+            loss=self.loss, temperature=self.temperature,
+            micro_batch_size=int(self.train["micro_batch_size"]),
+            dynamic_batch=bool(self.train["dynamic_batch"]),
+            max_tokens_per_gpu=int(self.train["max_tokens_per_gpu"]),
+            needs_ref=self.needs_ref, routing_replay=bool(self.train["routing_replay"]),
+            recompute=str(self.train["recompute"]), cpu_threads=cpu_threads,
+            args=self.megatron_args)
+
+    def engine_slice(self, index: int, cpu_threads: int,
+                     bundles: tuple[int, ...] = ()) -> EngineSlice:
+        entry = self.engines[index]
+        return EngineSlice(
+            backend=self.rollout_backend, engine=index,
+            gpus=tuple((g["node"], g["gpu"]) for g in entry["gpus"]),
+            tp=entry["tp"], dp=entry["dp"], ep=entry["ep"], model=self.model,
+            max_model_len=self.data.max_prompt_len + self.max_response_len,
+            cpu_threads=cpu_threads, args=self.vllm_args, bundles=tuple(bundles))
+
+    def with_overrides(self, **changes: Any) -> JobConfig:
+        return replace(self, **changes)
+
+
+# ------------------------------------------------------------------------------------ paths
+
+def _spec_dir(plan: dict, job_dir: Path) -> Path:
+    """The spec's folder: relative paths in a spec are read from there, as the compiler
+    reads model.hf_checkpoint. plan.json names the spec as it was given to `vime submit`,
+    relative to the folder it ran in, which is this process's folder on `--local`."""
+    name = plan.get("spec")
+    if name:
+        candidate = Path(name)
+        if candidate.is_absolute() and candidate.exists():
+            return candidate.parent
+        if (Path.cwd() / candidate).exists():
+            return (Path.cwd() / candidate).parent
+    return Path.cwd()
+
+
+def _path(value: str | None, base: Path, must_exist: bool = False) -> Path | None:
+    """Absolute paths as they are; relative ones from base, else from the working folder."""
+    if value is None:
+        return None
+    path = Path(os.path.expanduser(value))
+    if path.is_absolute():
+        found = path
+    elif (base / path).exists() or not (Path.cwd() / path).exists():
+        found = (base / path).resolve()
+    else:
+        found = (Path.cwd() / path).resolve()
+    if must_exist and not found.exists():
+        raise FileNotFoundError(f"{value}: no such file (looked in {base} and {Path.cwd()})")
+    return found
+
+
+def _argfile(path: Path) -> tuple[str, ...]:
+    if not path.is_file():
+        return ()
+    import shlex
+
+    return tuple(shlex.split(path.read_text(), comments=False))  # vime/emit/argfile.py
