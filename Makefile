@@ -19,7 +19,7 @@ echo "vime needs Python >= 3.11 (3.12 preferred); none found" >&2; exit 1
 endef
 export FIND_PYTHON
 
-.PHONY: plan test lint docs bench oracle oracle-vllm clean
+.PHONY: plan test lint docs bench oracle oracle-vllm clean demo
 
 $(VENV)/.installed: pyproject.toml
 	@python=$$(sh -c "$$FIND_PYTHON") && echo "using $$python" && \
@@ -50,6 +50,16 @@ oracle:
 # vLLM 0.33's own argument parser and expert placement (9.4 GB venv, 8 minutes to install)
 oracle-vllm:
 	tests/oracle/setup-vllm.sh --run -q
+
+# The whole RL loop on this machine (CPU is enough): a tiny MoE learns a toy task on the torch
+# backends through `vime submit --local`, is stopped after 20 rollouts, then a second job resumes
+# from its checkpoint up to the spec's 40; the reward curve of both is printed at the end.
+# Its folder, build/runs/tiny-cpu/, is started afresh each time.
+demo: $(VENV)/.installed
+	rm -rf build/runs/tiny-cpu
+	$(VENV)/bin/vime submit --local specs/tiny_cpu.toml --set rollout.num_rollout=20
+	$(VENV)/bin/vime submit --local specs/tiny_cpu.toml
+	$(PY) -m runtime.metrics build/runs/tiny-cpu/local-*
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis

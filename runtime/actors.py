@@ -1,0 +1,292 @@
+"""Where the backends live: one host object per training rank and per rollout engine, and
+the two groups the loop talks to.
+
+A host wraps a backend and adds what only the runtime knows: which GPU it got, the rank-0
+address for torch.distributed, and pushing exported weights to the engines. On Ray each host
+is an actor pinned to its placement-group bundle (runtime/placement.py); in-process hosts
+(`local=True`) run the same code without Ray, for tests and debugging of one rank and one
+engine.
+
+GPU shares per actor: colocated, a training rank takes 0.4 of its GPU and an engine 0.2
+(slime's numbers), so both fit on one bundle; disaggregated, each takes its whole GPU.
+On a machine without GPUs the GPUs are Ray's logical ones and the backends use the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+
+from runtime import backends
+from runtime.interfaces import TrainBatch, WeightBucket
+from runtime.slices import EngineSlice, JobConfig, TrainSlice
+
+TRAIN_GPU_SHARE_COLOCATED = 0.4
+ENGINE_GPU_SHARE_COLOCATED = 0.2
+
+
+def _where() -> dict:
+    info = {"pid": os.getpid(), "host": socket.gethostname(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            context = ray.get_runtime_context()
+            info.update(node_id=context.get_node_id(), gpu_ids=[str(g) for g in ray.get_gpu_ids()])
+    except ImportError:
+        pass
+    return info
+
+
+class TrainWorker:
+    """Host of one training rank."""
+
+    def __init__(self, backend_name: str):
+        self.backend = backends.load("training", backend_name)()
+
+    def where(self) -> dict:
+        return _where()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a free port, for rank 0 to be the process-group master."""
+        try:
+            import ray
+
+            address = ray.util.get_node_ip_address()
+        except Exception:
+            address = "127.0.0.1"
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return address, sock.getsockname()[1]
+
+    def init(self, slice: TrainSlice) -> None:
+        self.backend.init(slice)
+
+    def log_probs(self, batch: TrainBatch, model: str):
+        return self.backend.log_probs(batch, model)
+
+    def train_step(self, batch: TrainBatch) -> dict:
+        return self.backend.train_step(batch)
+
+    def push_weights(self, engines: Sequence, version: int, bucket_bytes: int) -> int:
+        """Every exported bucket to every engine; returns the bytes sent."""
+        sent = 0
+        for tensors in self.backend.export_weights(bucket_bytes):
+            _call_all(engines, "update_weights", WeightBucket(version, tensors, last=False))
+            sent += sum(t.numel() * t.element_size() for t in tensors.values())
+        return sent
+
+    def offload(self) -> None:
+        self.backend.offload()
+
+    def onload(self) -> None:
+        self.backend.onload()
+
+    def save(self, path) -> None:
+        self.backend.save(path)
+
+    def load(self, path) -> None:
+        self.backend.load(path)
+
+    def resident_bytes(self) -> int:
+        return getattr(self.backend, "resident_bytes", lambda: -1)()
+
+    def stop(self) -> None:
+        self.backend.stop()
+
+
+class RolloutWorker:
+    """Host of one rollout engine."""
+
+    def __init__(self, backend_name: str):
+        self.backend = backends.load("rollout", backend_name)()
+
+    def where(self) -> dict:
+        return _where()
+
+    def start(self, slice: EngineSlice) -> None:
+        self.backend.start(slice)
+
+    def generate(self, requests, params):
+        return self.backend.generate(requests, params)
+
+    def update_weights(self, bucket: WeightBucket) -> None:
+        self.backend.update_weights(bucket)
+
+    def weight_version(self) -> int:
+        return self.backend.weight_version()
+
+    def sleep(self, level: int) -> None:
+        self.backend.sleep(level)
+
+    def wake(self, tags) -> None:
+        self.backend.wake(tags)
+
+    def resident_bytes(self) -> int:
+        return getattr(self.backend, "resident_bytes", lambda: -1)()
+
+    def stop(self) -> None:
+        self.backend.stop()
+
+
+# ------------------------------------------------------------------------------- calling
+
+def _is_ray(handle) -> bool:
+    return hasattr(getattr(handle, "where", None), "remote")
+
+
+def _call_all(handles: Sequence, method: str, *args, per_handle: Sequence | None = None):
+    """Call method on every host (Ray actors in parallel) and return the results in order.
+    per_handle: one argument tuple per host instead of the same args for all."""
+    calls = per_handle if per_handle is not None else [args] * len(handles)
+    if handles and _is_ray(handles[0]):
+        import ray
+
+        return ray.get([getattr(h, method).remote(*a) for h, a in zip(handles, calls, strict=True)])
+    return [getattr(h, method)(*a) for h, a in zip(handles, calls, strict=True)]
+
+
+def split(count: int, parts: int) -> list[range]:
+    """count items in `parts` contiguous shares, sizes differing by at most one."""
+    base, extra = divmod(count, parts)
+    out, start = [], 0
+    for index in range(parts):
+        size = base + (index < extra)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+class TrainGroup:
+    """Every rank of the actor; each call goes to all ranks with their share of the samples."""
+
+    def __init__(self, workers: Sequence):
+        self.workers = list(workers)
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def log_probs(self, batch: TrainBatch, model: str) -> list[list[float]]:
+        shares = split(len(batch), self.size)
+        results = _call_all(self.workers, "log_probs",
+                            per_handle=[(batch.select(s), model) for s in shares])
+        return [values for part in results for values in part]
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        shares = split(len(batch), self.size)
+        results = _call_all(self.workers, "train_step",
+                            per_handle=[(batch.select(s),) for s in shares])
+        combined = {k: v for k, v in results[0].items() if k.startswith("step/")}
+        for key in results[0]:
+            if not key.startswith("step/"):
+                combined[key] = sum(r.get(key, 0.0) for r in results)
+        return combined
+
+    def push_weights(self, rollout: RolloutGroup, version: int, bucket_bytes: int) -> int:
+        sent = sum(_call_all(self.workers, "push_weights", rollout.workers, version,
+                             bucket_bytes))
+        _call_all(rollout.workers, "update_weights", WeightBucket(version, {}, last=True))
+        versions = _call_all(rollout.workers, "weight_version")
+        if any(v != version for v in versions):
+            raise RuntimeError(f"weight update {version}: the engines report {versions}")
+        return sent
+
+    def offload(self) -> None:
+        _call_all(self.workers, "offload")
+
+    def onload(self) -> None:
+        _call_all(self.workers, "onload")
+
+    def save(self, path) -> None:
+        _call_all(self.workers, "save", path)
+
+    def load(self, path) -> None:
+        _call_all(self.workers, "load", path)
+
+    def resident_bytes(self) -> int:
+        return sum(_call_all(self.workers, "resident_bytes"))
+
+    def where(self) -> list[dict]:
+        return _call_all(self.workers, "where")
+
+    def stop(self) -> None:
+        _call_all(self.workers, "stop")
+
+
+class RolloutGroup:
+    """Every engine; a generate call is split evenly over them."""
+
+    def __init__(self, workers: Sequence):
+        self.workers = list(workers)
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def generate(self, requests, params):
+        shares = split(len(requests), self.size)
+        results = _call_all(self.workers, "generate",
+                            per_handle=[([requests[i] for i in s], params) for s in shares])
+        return [g for part in results for g in part]
+
+    def sleep(self, level: int) -> None:
+        _call_all(self.workers, "sleep", level)
+
+    def wake(self, tags) -> None:
+        _call_all(self.workers, "wake", list(tags))
+
+    def resident_bytes(self) -> int:
+        return sum(_call_all(self.workers, "resident_bytes"))
+
+    def where(self) -> list[dict]:
+        return _call_all(self.workers, "where")
+
+    def stop(self) -> None:
+        _call_all(self.workers, "stop")
+
+
+# ------------------------------------------------------------------------------ building
+
+def local_groups(config: JobConfig, cpu_threads: int = 1) -> tuple[TrainGroup, RolloutGroup]:
+    """One rank and one engine in this process (tests, debugging)."""
+    if len(config.ranks) != 1 or len(config.engines) != 1:
+        raise ValueError("in-process groups hold one rank and one engine; this plan has "
+                         f"{len(config.ranks)} and {len(config.engines)}")
+    trainer = TrainWorker(config.train_backend)
+    trainer.init(config.train_slice(0, "127.0.0.1", 0, cpu_threads))
+    engine = RolloutWorker(config.rollout_backend)
+    engine.start(config.engine_slice(0, cpu_threads))
+    return TrainGroup([trainer]), RolloutGroup([engine])
+
+
+def ray_groups(config: JobConfig, placement, cpu_threads: int) -> tuple[TrainGroup, RolloutGroup]:
+    """A Ray actor per rank and per engine, each on the bundle of its plan GPU."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    def on(bundle: int, share: float, children: bool):
+        # an engine's own workers (vLLM's Ray executor) must land in the group too
+        return {"num_cpus": 0, "num_gpus": share,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement.group, placement_group_bundle_index=bundle,
+                    placement_group_capture_child_tasks=children)}
+
+    def engine_bundles(entry) -> tuple[int, ...]:
+        return tuple(placement.bundle(g["node"], g["gpu"]) for g in entry["gpus"])
+
+    train_share = TRAIN_GPU_SHARE_COLOCATED if config.colocate else 1.0
+    engine_share = ENGINE_GPU_SHARE_COLOCATED if config.colocate else 1.0
+    train_cls, engine_cls = ray.remote(TrainWorker), ray.remote(RolloutWorker)
+    trainers = [train_cls.options(**on(placement.bundle(r["node"], r["gpu"]), train_share, False))
+                .remote(config.train_backend) for r in config.ranks]
+    engines = [engine_cls.options(**on(engine_bundles(e)[0], engine_share, True))
+               .remote(config.rollout_backend) for e in config.engines]
+    address, port = ray.get(trainers[0].rendezvous.remote())
+    ray.get([t.init.remote(config.train_slice(r, address, port, cpu_threads))
+             for r, t in enumerate(trainers)])
+    ray.get([e.start.remote(config.engine_slice(i, cpu_threads, engine_bundles(entry)))
+             for i, (e, entry) in enumerate(zip(engines, config.engines, strict=True))])
+    return TrainGroup(trainers), RolloutGroup(engines)

@@ -1,0 +1,36 @@
+"""Backend implementations, by the name written in train.backend / inference.backend.
+
+Each entry is "module:Class"; the module is imported inside the Ray actor that hosts it, so
+the driver never imports Megatron or vLLM."""
+
+from __future__ import annotations
+
+import importlib
+
+TRAINING = {
+    "torch": "runtime.backends.torch_train:TorchTrainingBackend",
+    "megatron": None,  # issue 7
+}
+ROLLOUT = {
+    "torch": "runtime.backends.torch_rollout:TorchRolloutBackend",
+    "vllm": None,  # issue 8
+}
+ISSUES = {"megatron": 7, "vllm": 8}
+
+
+def reference(kind: str, name: str) -> str:
+    table = TRAINING if kind == "training" else ROLLOUT
+    key = "train.backend" if kind == "training" else "inference.backend"
+    if name not in table:
+        raise ValueError(f"{key} = {name!r}: no such {kind} backend ({', '.join(sorted(table))})")
+    if table[name] is None:
+        raise NotImplementedError(
+            f"{key} = {name!r}: the {name} {kind} backend is not implemented yet (issue "
+            f"{ISSUES[name]}); runtime/interfaces.py is the interface it will implement. The "
+            "torch pair runs the whole loop today: see specs/tiny_cpu.toml")
+    return table[name]
+
+
+def load(kind: str, name: str):
+    module, _, cls = reference(kind, name).partition(":")
+    return getattr(importlib.import_module(module), cls)

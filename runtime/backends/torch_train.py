@@ -1,0 +1,295 @@
+"""The torch training backend: the transformers model on one device per rank, data parallel
+over ranks through torch.distributed (gloo on CPU, NCCL on GPUs), AdamW, the GRPO loss of
+runtime/algorithm.py. No tensor, pipeline, context or expert parallelism (V902).
+
+Every rank builds the same initial weights (the same checkpoint or seed), sums its
+gradients with the others after each step and so stays an exact replica; rank 0 therefore
+alone exports weights and writes the model and optimizer to checkpoints (every rank writes
+its RNG state).
+
+offload() is a real state change, as torch_memory_saver's pause is for Megatron: weights,
+gradients and optimizer moments are copied to host memory and the device tensors freed;
+computing while offloaded raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from runtime import algorithm
+from runtime.backends import torch_model
+from runtime.interfaces import TrainBatch, TrainingBackend
+from runtime.slices import TrainSlice
+
+SUM_STATS = ("pg_loss", "clipped_tokens", "ppo_kl", "kl", "entropy", "tis_weight",
+             "tis_truncated_tokens", "rollout_abs_diff")
+
+
+class TorchTrainingBackend(TrainingBackend):
+    def __init__(self):
+        self.offloaded = False
+        self._host: dict | None = None
+
+    # ------------------------------------------------------------------------------- init
+
+    def init(self, slice: TrainSlice) -> None:
+        parallel = {k: v for k, v in slice.parallel.items() if k not in ("dp", "edp")}
+        if any(size != 1 for size in parallel.values()):
+            raise ValueError(f"the torch training backend is data parallel only; the plan has "
+                             f"{parallel} (V902)")
+        torch_model.set_threads(slice.cpu_threads)
+        self.slice = slice
+        self.device = torch_model.device_for_this_process()
+        if slice.world_size > 1:
+            dist.init_process_group(
+                "nccl" if self.device.type == "cuda" else "gloo",
+                init_method=f"tcp://{slice.master_addr}:{slice.master_port}",
+                rank=slice.rank, world_size=slice.world_size)
+        self.model = torch_model.build_model(slice.model, self.device)
+        self.routers = torch_model.Routers(self.model)
+        self.params = dict(self.model.named_parameters())
+        # the reference policy of the KL loss: the initial weights, used through
+        # functional_call rather than a second module
+        self.ref = ({n: p.detach().clone() for n, p in self.params.items()}
+                    if slice.needs_ref else None)
+        opt = slice.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2),
+            weight_decay=opt.weight_decay, eps=1e-8)
+        self.temperature = slice.temperature if slice.temperature > 0 else 1.0
+
+    # --------------------------------------------------------------------------- batching
+
+    def _micro_batches(self, batch: TrainBatch) -> list[list[int]]:
+        """Consecutive samples: at most micro_batch_size of them, or with dynamic_batch as
+        many as fit max_tokens_per_gpu padded tokens (a longer sample goes alone)."""
+        groups, current, longest = [], [], 0
+        for index, tokens in enumerate(batch.tokens):
+            if self.slice.dynamic_batch:
+                grown = max(longest, len(tokens)) * (len(current) + 1)
+                full = current and grown > self.slice.max_tokens_per_gpu
+            else:
+                full = len(current) == self.slice.micro_batch_size
+            if full:
+                groups.append(current)
+                current, longest = [], 0
+            current.append(index)
+            longest = max(longest, len(tokens))
+        if current:
+            groups.append(current)
+        return groups
+
+    def _forward(self, batch: TrainBatch, indices: list[int], params=None):
+        """Logits / temperature at the positions that predict each sample's response tokens:
+        (logits [n, R, V], targets [n, R], mask [n, R]) with R the longest response."""
+        tokens = [batch.tokens[i] for i in indices]
+        width = max(len(t) for t in tokens)
+        ids = torch.zeros(len(tokens), width, dtype=torch.long)
+        attention = torch.zeros(len(tokens), width, dtype=torch.long)
+        for row, seq in enumerate(tokens):
+            ids[row, :len(seq)] = torch.tensor(seq)
+            attention[row, :len(seq)] = 1
+        ids, attention = ids.to(self.device), attention.to(self.device)
+        replay = None
+        if self.slice.routing_replay and batch.routed_experts is not None:
+            replay = self.routers.replay_for_batch([batch.routed_experts[i] for i in indices],
+                                                   width)
+        with self.routers.replaying(replay):
+            if params is None:
+                logits = torch_model.forward(self.model, ids, attention).logits
+            else:
+                logits = torch.func.functional_call(
+                    self.model, params, (), {"input_ids": ids, "attention_mask": attention}
+                ).logits
+        prompt_lens = [batch.prompt_lens[i] for i in indices]
+        responses = [len(t) - p for t, p in zip(tokens, prompt_lens, strict=True)]
+        longest = max(responses)
+        rows = torch.arange(len(tokens)).unsqueeze(1)
+        # the logit at position p predicts token p + 1
+        starts = torch.tensor([p - 1 for p in prompt_lens]).unsqueeze(1)
+        offsets = torch.arange(longest).unsqueeze(0)
+        mask = offsets < torch.tensor(responses).unsqueeze(1)
+        positions = (starts + offsets).clamp(max=width - 1)
+        picked = logits[rows, positions.to(logits.device)] / self.temperature
+        targets = ids[rows, (positions + 1).clamp(max=width - 1).to(ids.device)]
+        return picked, targets, mask.to(picked.device)
+
+    # ------------------------------------------------------------------------- log-probs
+
+    def log_probs(self, batch: TrainBatch, model: str = "actor") -> list[list[float]]:
+        self._require_onloaded("log_probs")
+        if model == "ref" and self.ref is None:
+            raise ValueError("reference log-probs asked for, but the backend keeps no "
+                             "reference (needs_ref is false)")
+        out: list[list[float]] = [[] for _ in range(len(batch))]
+        self.model.eval()
+        with torch.no_grad():
+            for indices in self._micro_batches(batch):
+                logits, targets, mask = self._forward(batch, indices,
+                                                      self.ref if model == "ref" else None)
+                values = algorithm.token_log_probs(logits, targets)
+                for row, index in enumerate(indices):
+                    out[index] = values[row][mask[row]].tolist()
+        return out
+
+    # -------------------------------------------------------------------------- training
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        self._require_onloaded("train_step")
+        if batch.step_response_tokens is None or batch.advantages is None \
+                or batch.old_log_probs is None:
+            raise ValueError("train_step needs advantages, old_log_probs and "
+                             "step_response_tokens")
+        config = self.slice.loss
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = dict.fromkeys(SUM_STATS, 0.0)
+        sums["response_tokens"] = 0.0
+
+        def padded(column, indices, width):
+            out = torch.zeros(len(indices), width)
+            for row, index in enumerate(indices):
+                values = column[index]
+                out[row, :len(values)] = torch.tensor(values, dtype=torch.float32)
+            return out.to(self.device)
+
+        for indices in self._micro_batches(batch):
+            logits, targets, mask = self._forward(batch, indices)
+            width = mask.shape[1]
+            log_probs = algorithm.token_log_probs(logits, targets)
+            entropy = algorithm.entropy_from_logits(logits)
+            old = padded(batch.old_log_probs, indices, width)
+            advantages = torch.tensor([batch.advantages[i] for i in indices],
+                                      device=self.device).unsqueeze(1).expand(-1, width)
+            ref = padded(batch.ref_log_probs, indices, width) if batch.ref_log_probs else None
+            rollout = (padded(batch.rollout_log_probs, indices, width)
+                       if batch.rollout_log_probs else None)
+            loss, stats = algorithm.policy_loss(
+                log_probs, old, advantages, mask, batch.step_response_tokens, config,
+                ref_log_probs=ref, rollout_log_probs=rollout, entropy=entropy)
+            loss.backward()
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + value
+            if rollout is not None:
+                sums["rollout_abs_diff"] += float(((old - rollout).abs() * mask).sum())
+            sums["response_tokens"] += float(mask.sum())
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.slice.world_size > 1:
+            # one flat all-reduce: the loss is already divided by the step's tokens on every
+            # rank, so the SUM is the step's mean gradient
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            offset = 0
+            for grad in grads:
+                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                              self.slice.optimizer.clip_grad or math.inf)
+        self.optimizer.step()
+        sums["step/grad_norm"] = float(norm)
+        sums["step/lr"] = self.optimizer.param_groups[0]["lr"]
+        return sums
+
+    # --------------------------------------------------------------------------- weights
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict]:
+        if self.slice.rank != 0:
+            return  # every rank holds the same weights; rank 0 sends them
+        with self._readable():
+            bucket, size = {}, 0
+            named = ((n, p.detach()) for n, p in self.params.items())
+            for name, tensor in torch_model.to_hf(named):
+                bucket[name] = tensor.to("cpu", copy=True).contiguous()
+                size += tensor.numel() * tensor.element_size()
+                if size >= bucket_bytes:
+                    yield bucket
+                    bucket, size = {}, 0
+            if bucket:
+                yield bucket
+
+    # --------------------------------------------------------------------------- offload
+
+    def offload(self) -> None:
+        if self.offloaded:
+            return
+        host = {"params": {}, "state": {}}
+        for name, param in self.params.items():
+            host["params"][name] = param.data.to("cpu", copy=True)
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+            param.grad = None
+            for key, value in self.optimizer.state.get(param, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    host["state"][(name, key)] = value.to("cpu", copy=True)
+                    self.optimizer.state[param][key] = torch.empty(0, dtype=value.dtype,
+                                                                   device=value.device)
+        self._host, self.offloaded = host, True
+        torch_model.release_cached_memory(self.device)
+
+    def onload(self) -> None:
+        if not self.offloaded:
+            return
+        for name, param in self.params.items():
+            param.data = self._host["params"][name].to(self.device)
+        for (name, key), value in self._host["state"].items():
+            self.optimizer.state[self.params[name]][key] = value.to(self.device)
+        self._host, self.offloaded = None, False
+
+    def resident_bytes(self) -> int:
+        """Bytes of weights, gradients and optimizer moments on the device (0 while
+        offloaded; Adam's step counters are scalars and not counted)."""
+        total = 0
+        for param in self.params.values():
+            tensors = [param.data, param.grad, *self.optimizer.state.get(param, {}).values()]
+            total += sum(t.numel() * t.element_size() for t in tensors
+                         if torch.is_tensor(t) and t.dim() > 0)
+        return total
+
+    @contextlib.contextmanager
+    def _readable(self):
+        """Weights readable in either state (export and save run while offloaded)."""
+        was = self.offloaded
+        self.onload()
+        try:
+            yield
+        finally:
+            if was:
+                self.offload()
+
+    def _require_onloaded(self, what: str) -> None:
+        if self.offloaded:
+            raise RuntimeError(f"{what} while the actor is offloaded: onload() first")
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        with self._readable():
+            if self.slice.rank == 0:
+                torch.save({"model": self.model.state_dict(),
+                            "optimizer": self.optimizer.state_dict()}, path / "model_optim.pt")
+        torch.save({"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                   path / f"rng_rank{self.slice.rank}.pt")
+
+    def load(self, path: Path) -> None:
+        with self._readable():
+            state = torch.load(path / "model_optim.pt", map_location=self.device,
+                               weights_only=True)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        rng_file = path / f"rng_rank{self.slice.rank}.pt"
+        if rng_file.exists():
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def stop(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,133 @@
+"""The job's driver: `runtime.driver:run`, called by runtime/job.py on the head node once
+Ray is up (docs/runtime.md).
+
+    run(plan, resolved_toml, job_dir, resume)
+
+reads the plan and resolved spec into slices (runtime/slices.py), connects to the job's Ray
+cluster, builds the placement group and the actors, restores the last checkpoint when there
+is one, and runs the GRPO loop (runtime/loop.py). Whatever it prints goes to the head
+node's log (logs/node-0.log); the per-rollout metrics also go to metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from runtime import backends, rewards
+from runtime.checkpoint import Checkpoints
+from runtime.data import PromptSampler, read_prompts
+from runtime.slices import JobConfig
+
+
+def log(message: str, **kwargs) -> None:
+    print(message, flush=True, **kwargs)
+
+
+def load_tokenizer(config: JobConfig):
+    """The checkpoint's tokenizer; with model.random_init and a checkpoint folder that has
+    none, a word-level tokenizer built from the prompts (runtime/toy.py), saved in the job
+    folder so the run can be read back."""
+    folder = Path(config.model.hf_checkpoint)
+    if (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        source = str(folder)
+    elif config.model.random_init:
+        from runtime import toy
+
+        tokenizer = toy.build_tokenizer(toy.prompt_texts(
+            config.data.prompt_data, config.data.input_key, config.data.label_key))
+        saved = config.job_dir / "tokenizer"
+        tokenizer.save_pretrained(saved)
+        source = f"built from {config.data.prompt_data} (word level), saved in {saved}"
+    else:
+        raise FileNotFoundError(f"model.hf_checkpoint = {config.model.hf_checkpoint!r} has no "
+                                "tokenizer (tokenizer.json)")
+    vocab = config.model.arch.get("vocab_size")
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size "
+                         f"is {vocab}; set model.arch.vocab_size = {len(tokenizer)} or more")
+    log(f"vime: tokenizer of {len(tokenizer)} tokens: {source}")
+    return tokenizer
+
+
+def cpu_threads_per_actor(config: JobConfig) -> int:
+    """CPU threads for each backend's torch: the node's cores shared by the actors that
+    compute at the same time (colocated: the ranks, or the engines; disaggregated: all)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_node = {}
+    for rank in config.ranks:
+        per_node[rank["node"]] = per_node.get(rank["node"], 0) + 1
+    if not config.colocate:
+        for engine in config.engines:
+            node = engine["gpus"][0]["node"]
+            per_node[node] = per_node.get(node, 0) + 1
+    return max(1, (cores or 1) // max(per_node.values()))
+
+
+def _connect_ray() -> None:
+    """The job's Ray cluster (RAY_ADDRESS, set by runtime/job.py), or the one this process
+    already joined (tests)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if not os.environ.get("RAY_ADDRESS"):
+        raise RuntimeError("no Ray cluster: the driver runs inside a job (`vime submit`, "
+                           "`vime submit --local`), which sets RAY_ADDRESS")
+    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="WARNING", log_to_driver=True)
+
+
+def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
+    from runtime import actors, placement
+    from runtime.loop import GRPOLoop
+    from runtime.metrics import MetricsLogger
+
+    started = time.perf_counter()
+    config = JobConfig.from_job(plan, resolved_toml, job_dir)
+    for kind, name in (("training", config.train_backend), ("rollout", config.rollout_backend)):
+        backends.reference(kind, name)  # fails now, with the issue number, if not written yet
+    reward_fn = rewards.load(config.reward)
+    tokenizer = load_tokenizer(config)
+    prompts, dropped = read_prompts(config.data, tokenizer)
+    log(f"vime: {len(prompts)} prompts from {config.data.prompt_data}"
+        + (f" ({dropped} longer than rollout.max_prompt_len dropped)" if dropped else ""))
+    sampler = PromptSampler(prompts, config.seed, config.data.shuffle)
+
+    _connect_ray()
+    group = placement.create(plan)
+    log("vime: " + group.describe())
+    threads = cpu_threads_per_actor(config)
+    train, rollout = actors.ray_groups(config, group, threads)
+    where = {"train": train.where(), "rollout": rollout.where(),
+             "bundles": {f"{n},{g}": b for (n, g), b in group.by_gpu.items()},
+             "colocate": config.colocate, "cpu_threads": threads}
+    (config.job_dir / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
+    log(f"vime: {train.size} training rank(s) ({config.train_backend}) and {rollout.size} "
+        f"engine(s) ({config.rollout_backend}), "
+        f"{'colocated' if config.colocate else 'disaggregated'}, ready in "
+        f"{time.perf_counter() - started:.1f} s")
+
+    metrics = MetricsLogger(config.job_dir, config.job_dir.name, config.tensorboard_dir,
+                            config.wandb_project, config.wandb_group,
+                            config=dict(config.resolved), print_fn=log)
+    loop = GRPOLoop(config, train, rollout, sampler, tokenizer, reward_fn, metrics,
+                    Checkpoints(config.save_dir, config.load_dir), log=log)
+    restored = loop.restore()
+    if resume and not restored:
+        log(f"vime: asked to resume, but {config.load_dir} holds no checkpoint: starting fresh")
+    try:
+        loop.run()
+    finally:
+        for group_ in (train, rollout):
+            try:
+                group_.stop()
+            except Exception as err:  # the job is ending anyway; say so, do not mask
+                log(f"vime: stopping actors: {type(err).__name__}: {err}", file=sys.stderr)
+        placement.remove(group)
+    log(f"vime: done in {time.perf_counter() - started:.1f} s; checkpoints in {config.save_dir}")

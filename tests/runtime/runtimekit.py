@@ -1,0 +1,71 @@
+"""Helpers of the runtime's tests: the tiny spec compiled in-process, a JobConfig for a
+temporary job folder, the in-process loop, and the vime command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from runtime import actors, rewards
+from runtime.checkpoint import Checkpoints
+from runtime.data import PromptSampler, read_prompts
+from runtime.driver import load_tokenizer
+from runtime.loop import GRPOLoop
+from runtime.metrics import MetricsLogger
+from runtime.slices import JobConfig
+from vime import pipeline
+from vime.emit import build, plan_json
+from vime.parse import Source
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "specs" / "tiny_cpu.toml"
+
+
+def compile_spec(path: Path = TINY, sets=()) -> tuple[dict, str]:
+    """(plan.json as a dict, resolved.toml) as `vime submit` writes them in the job folder."""
+    text = path.read_text()
+    result = pipeline.run(Source(str(path), text), list(sets), path.parent)
+    assert result.ok, [(d.code, d.message) for d in result.diagnostics]
+    obj = plan_json.plan_object(str(path), result.diagnostics, result.spec, result.plan)
+    files = build.files(result.plan, str(path), text, obj, "<job folder>")
+    return json.loads(files["plan.json"]), files["resolved.toml"]
+
+
+def sets_for(tmp_path: Path, **keys) -> list[str]:
+    """--set arguments: output under tmp_path, plus key=TOML value pairs (dots as __)."""
+    pairs = {"experiment.output_dir": json.dumps(str(tmp_path / "runs"))}
+    pairs.update({k.replace("__", "."): v for k, v in keys.items()})
+    return [f"{k}={v}" for k, v in pairs.items()]
+
+
+def job_config(tmp_path: Path, job: str = "job", **keys) -> tuple[dict, str, JobConfig]:
+    plan, resolved = compile_spec(TINY, sets_for(tmp_path, **keys))
+    job_dir = tmp_path / "runs" / "tiny-cpu" / job
+    job_dir.mkdir(parents=True, exist_ok=True)
+    return plan, resolved, JobConfig.from_job(plan, resolved, job_dir)
+
+
+def in_process_loop(config: JobConfig, log=lambda line: None) -> GRPOLoop:
+    """The loop with one rank and one engine in this process (no Ray)."""
+    tokenizer = load_tokenizer(config)
+    prompts, _ = read_prompts(config.data, tokenizer)
+    train, rollout = actors.local_groups(config, cpu_threads=1)
+    return GRPOLoop(config, train, rollout, PromptSampler(prompts, config.seed, config.data.shuffle),
+                    tokenizer, rewards.load(config.reward),
+                    MetricsLogger(config.job_dir, config.job_dir.name, print_fn=log),
+                    Checkpoints(config.save_dir, config.load_dir), log=log)
+
+
+def metrics(job_dir: Path) -> list[dict]:
+    path = Path(job_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def vime(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
+         cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).with_name("vime")), *args], cwd=cwd,
+                          env=dict(os.environ, **(env or {})), capture_output=True, text=True,
+                          timeout=timeout)

@@ -1,0 +1,125 @@
+"""Checkpoints appear whole or not at all: a process killed in the middle of a save leaves
+the previous checkpoint as the latest, and it loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from runtimekit import ROOT, job_config
+
+from runtime.backends.torch_train import TorchTrainingBackend
+from runtime.checkpoint import Checkpoints
+
+
+class FakeTrain:
+    def __init__(self, payload: str):
+        self.payload = payload
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True)
+        (path / "weights.txt").write_text(self.payload)
+
+
+def test_latest_is_the_newest_complete_checkpoint(tmp_path):
+    checkpoints = Checkpoints(tmp_path / "ckpt")
+    assert checkpoints.latest() is None
+    checkpoints.save(4, FakeTrain("a"), {"next_rollout": 5})
+    newest = checkpoints.save(9, FakeTrain("b"), {"next_rollout": 10})
+    assert checkpoints.latest() == newest
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "rollout_000009"
+    assert Checkpoints.read_state(newest) == {"format": 1, "rollout": 9, "next_rollout": 10}
+    # `latest` naming a folder that is gone: the newest complete one is used
+    (tmp_path / "ckpt" / "latest").write_text("rollout_000012\n")
+    assert checkpoints.latest() == newest
+    # saving the same rollout again (a resumed run) replaces it whole
+    again = checkpoints.save(9, FakeTrain("c"), {"next_rollout": 10})
+    assert (again / "train" / "weights.txt").read_text() == "c"
+    assert [p.name for p in checkpoints.complete()] == ["rollout_000004", "rollout_000009"]
+
+
+def test_a_failed_save_leaves_nothing_behind(tmp_path):
+    checkpoints = Checkpoints(tmp_path / "ckpt")
+    first = checkpoints.save(0, FakeTrain("a"), {})
+
+    class Failing:
+        def save(self, path):
+            path.mkdir(parents=True)
+            (path / "half").write_text("x")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        checkpoints.save(1, Failing(), {})
+    assert checkpoints.latest() == first
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["latest", "rollout_000000"]
+
+
+CHILD = """
+import sys, time, torch
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from runtimekit import job_config
+from runtime.backends.torch_train import TorchTrainingBackend
+from runtime.checkpoint import Checkpoints
+
+tmp = Path({tmp!r})
+_, _, config = job_config(tmp)
+backend = TorchTrainingBackend()
+backend.init(config.train_slice(0, "127.0.0.1", 0, 1))
+checkpoints = Checkpoints(tmp / "ckpt")
+checkpoints.save(0, backend, {{"next_rollout": 1}})
+torch.save({{n: p.detach().clone() for n, p in backend.params.items()}}, tmp / "saved.pt")
+with torch.no_grad():
+    for p in backend.params.values():
+        p.add_(1.0)  # what the second checkpoint would hold
+
+class Slow:
+    def save(self, path):
+        backend.save(path)  # the model is written ...
+        (tmp / "mid-save").write_text("now")
+        time.sleep(600)  # ... and the process dies before the checkpoint is complete
+
+checkpoints.save(1, Slow(), {{"next_rollout": 2}})
+"""
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(
+        tests=str(ROOT / "tests" / "runtime"), tmp=str(tmp_path))])
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "mid-save").exists():
+            assert child.poll() is None, "the child died before reaching the save"
+            assert time.time() < deadline, "the child never reached the save"
+            time.sleep(0.1)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    folder = tmp_path / "ckpt"
+    partial = [p.name for p in folder.iterdir() if p.name.startswith(".partial-")]
+    assert partial, "the killed save should have left its partial folder"
+    assert (folder / partial[0] / "train" / "model_optim.pt").exists()
+    checkpoints = Checkpoints(folder)
+    latest = checkpoints.latest()
+    assert latest.name == "rollout_000000"
+    assert json.loads((latest / "state.json").read_text())["next_rollout"] == 1
+    _, _, config = job_config(tmp_path)
+    backend = TorchTrainingBackend()
+    backend.init(config.train_slice(0, "127.0.0.1", 0, 1))
+    with torch.no_grad():
+        for p in backend.params.values():
+            p.zero_()
+    backend.load(latest / "train")
+    saved = torch.load(tmp_path / "saved.pt")
+    for name, param in backend.params.items():
+        assert torch.equal(param, saved[name]), name
+    # the next save clears the debris
+    checkpoints.save(1, FakeTrain("b"), {})
+    assert not [p for p in folder.iterdir() if p.name.startswith(".partial-")]
