@@ -9,11 +9,11 @@ import importlib
 
 TRAINING = {
     "torch": "runtime.backends.torch_train:TorchTrainingBackend",
-    "megatron": None,  # issue 7
+    "megatron": "runtime.backends.megatron_train:MegatronTrainingBackend",
 }
 ROLLOUT = {
     "torch": "runtime.backends.torch_rollout:TorchRolloutBackend",
-    "vllm": None,  # issue 8
+    "vllm": "runtime.backends.vllm_rollout:VllmRolloutBackend",
 }
 ISSUES = {"megatron": 7, "vllm": 8}
 

@@ -107,16 +107,27 @@ class TorchTrainingBackend(TrainingBackend):
                 logits = torch.func.functional_call(
                     self.model, params, (), {"input_ids": ids, "attention_mask": attention}
                 ).logits
-        prompt_lens = [batch.prompt_lens[i] for i in indices]
-        responses = [len(t) - p for t, p in zip(tokens, prompt_lens, strict=True)]
+        return self._pick_responses(logits, ids, [batch.prompt_lens[i] for i in indices],
+                                    [len(t) for t in tokens])
+
+    def _pick_responses(self, logits, ids, prompt_lens: list[int], lengths: list[int]):
+        """Logits / temperature at the positions that predict each sample's response tokens:
+        (logits [n, R, V], targets [n, R], mask [n, R]) with R the longest response."""
+        width = ids.shape[1]
+        responses = [n - p for n, p in zip(lengths, prompt_lens, strict=True)]
         longest = max(responses)
-        rows = torch.arange(len(tokens)).unsqueeze(1)
+        rows = torch.arange(len(lengths)).unsqueeze(1)
         # the logit at position p predicts token p + 1
         starts = torch.tensor([p - 1 for p in prompt_lens]).unsqueeze(1)
         offsets = torch.arange(longest).unsqueeze(0)
         mask = offsets < torch.tensor(responses).unsqueeze(1)
         positions = (starts + offsets).clamp(max=width - 1)
-        picked = logits[rows, positions.to(logits.device)] / self.temperature
+        if len(lengths) == 1:  # one sample: its response logits are a slice, not a gathered copy
+            picked = logits[:, prompt_lens[0] - 1:prompt_lens[0] - 1 + longest]
+        else:
+            picked = logits[rows, positions.to(logits.device)]
+        if self.temperature != 1.0:
+            picked = picked / self.temperature
         targets = ids[rows, (positions + 1).clamp(max=width - 1).to(ids.device)]
         return picked, targets, mask.to(picked.device)
 
@@ -146,9 +157,7 @@ class TorchTrainingBackend(TrainingBackend):
                 or batch.old_log_probs is None:
             raise ValueError("train_step needs advantages, old_log_probs and "
                              "step_response_tokens")
-        config = self.slice.loss
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._begin_step()
         sums = dict.fromkeys(SUM_STATS, 0.0)
         sums["response_tokens"] = 0.0
 
@@ -162,8 +171,7 @@ class TorchTrainingBackend(TrainingBackend):
         for indices in self._micro_batches(batch):
             logits, targets, mask = self._forward(batch, indices)
             width = mask.shape[1]
-            log_probs = algorithm.token_log_probs(logits, targets)
-            entropy = algorithm.entropy_from_logits(logits)
+            log_probs, entropy = self._token_terms(logits, targets)
             old = padded(batch.old_log_probs, indices, width)
             advantages = torch.tensor([batch.advantages[i] for i in indices],
                                       device=self.device).unsqueeze(1).expand(-1, width)
@@ -171,14 +179,37 @@ class TorchTrainingBackend(TrainingBackend):
             rollout = (padded(batch.rollout_log_probs, indices, width)
                        if batch.rollout_log_probs else None)
             loss, stats = algorithm.policy_loss(
-                log_probs, old, advantages, mask, batch.step_response_tokens, config,
+                log_probs, old, advantages, mask, batch.step_response_tokens, self.slice.loss,
                 ref_log_probs=ref, rollout_log_probs=rollout, entropy=entropy)
+            self._before_backward()
             loss.backward()
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
             if rollout is not None:
                 sums["rollout_abs_diff"] += float(((old - rollout).abs() * mask).sum())
             sums["response_tokens"] += float(mask.sum())
+        sums.update(self._finish_step())
+        return sums
+
+    def _token_terms(self, logits, targets):
+        """Log-probs of the targets and the entropy, from one log-softmax over the vocabulary
+        (the largest tensor of the step); the entropy carries gradients only when it is part
+        of the loss (entropy_coef), otherwise it is a metric."""
+        log_p = torch.log_softmax(logits.float(), dim=-1)
+        log_probs = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.slice.loss.entropy_coef)):
+            entropy = -(log_p.exp() * log_p).sum(dim=-1)
+        return log_probs, entropy
+
+    def _begin_step(self) -> None:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _before_backward(self) -> None:
+        """A hook for backends that must switch state between forward and backward."""
+
+    def _finish_step(self) -> dict[str, float]:
+        """Reduce the gradients over the ranks, clip, step; the step's scalars."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.slice.world_size > 1:
             # one flat all-reduce: the loss is already divided by the step's tokens on every
@@ -192,9 +223,7 @@ class TorchTrainingBackend(TrainingBackend):
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               self.slice.optimizer.clip_grad or math.inf)
         self.optimizer.step()
-        sums["step/grad_norm"] = float(norm)
-        sums["step/lr"] = self.optimizer.param_groups[0]["lr"]
-        return sums
+        return {"step/grad_norm": float(norm), "step/lr": self.optimizer.param_groups[0]["lr"]}
 
     # --------------------------------------------------------------------------- weights
 

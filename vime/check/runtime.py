@@ -56,20 +56,20 @@ def torch_backend_data_parallel_only(spec: Spec):
                       related=("inference.backend",))
 
 
-@rule("V903", "random-init-needs-torch-backends", enforced_by="vime")
+@rule("V903", "random-init-needs-torch-rollout", enforced_by="vime")
 def random_init_needs_torch_backends(spec: Spec):
-    """model.random_init is implemented by the torch backends only.
+    """model.random_init is implemented by the torch rollout backend and the training backends.
 
     With random_init the torch backends build the model from its architecture with
-    experiment.seed instead of loading weights, and the driver builds a tokenizer from the
-    prompts. The megatron backend loads model.torch_dist_checkpoint and vLLM loads
-    model.hf_checkpoint; neither would start from random weights.
-    Fix: set random_init = false and point the model keys at real checkpoints, or use
-    train.backend = inference.backend = "torch"."""
+    experiment.seed instead of loading weights (the Megatron training backend maps those same
+    seeded weights into its GPTModel, so both sides start from one policy), and the driver
+    builds a tokenizer from the prompts. vLLM loads model.hf_checkpoint and cannot start from
+    random weights.
+    Fix: set random_init = false and point model.hf_checkpoint at real weights, or use
+    inference.backend = "torch"."""
     if not spec.model.random_init:
         return
-    for key, value in (("train.backend", spec.train.backend),
-                       ("inference.backend", spec.inference.backend)):
+    for key, value in (("inference.backend", spec.inference.backend),):
         if value != "torch":
             yield Finding("model.random_init",
                           f"random_init is implemented by the torch backends; {key} = {value!r}",
