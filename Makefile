@@ -7,14 +7,16 @@ PY := $(VENV)/bin/python
 SPEC ?= specs/qwen3_30b.toml
 
 define FIND_PYTHON
-for p in python3.12 python3.13 python3.11 python3; do \
-  if $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then command -v $$p; exit 0; fi; \
+ok() { "$$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }; \
+for v in 3.12 3.13; do \
+  if ok python$$v; then command -v python$$v; exit 0; fi; \
+  if command -v pyenv >/dev/null 2>&1; then \
+    for full in $$(pyenv versions --bare 2>/dev/null | grep -E "^$$v\.[0-9]+$$" | sort -t. -k3,3nr); do \
+      p=$$(PYENV_VERSION=$$full pyenv which python$$v 2>/dev/null) && ok "$$p" && echo "$$p" && exit 0; \
+    done; \
+  fi; \
 done; \
-if command -v pyenv >/dev/null 2>&1; then \
-  for v in $$(pyenv versions --bare | grep -E '^3\.(12|13|11)\.[0-9]+$$' | sort -t. -k2,2r); do \
-    PYENV_VERSION=$$v pyenv which python3 && exit 0; \
-  done; \
-fi; \
+for p in python3.11 python3; do if ok $$p; then command -v $$p; exit 0; fi; done; \
 echo "vime needs Python >= 3.11 (3.12 preferred); none found" >&2; exit 1
 endef
 export FIND_PYTHON
