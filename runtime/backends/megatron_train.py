@@ -15,7 +15,6 @@ and _finish_step); the model, the optimizer and the device memory handling are M
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -180,19 +179,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
     def _weights(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
 
-    def export_weights(self, bucket_bytes: int) -> Iterator[dict]:
-        if self.slice.rank != 0:
-            return
-        with self._readable():
-            bucket, size = {}, 0
-            for name, tensor in megatron_to_hf(self._weights(), self.arch).items():
-                bucket[name] = tensor.to("cpu", copy=True).contiguous()
-                size += tensor.numel() * tensor.element_size()
-                if size >= bucket_bytes:
-                    yield bucket
-                    bucket, size = {}, 0
-            if bucket:
-                yield bucket
+    def _hf_weights(self):
+        return megatron_to_hf(self._weights(), self.arch).items()
 
     # --------------------------------------------------------------------------- offload
 

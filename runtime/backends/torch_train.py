@@ -232,8 +232,7 @@ class TorchTrainingBackend(TrainingBackend):
             return  # every rank holds the same weights; rank 0 sends them
         with self._readable():
             bucket, size = {}, 0
-            named = ((n, p.detach()) for n, p in self.params.items())
-            for name, tensor in torch_model.to_hf(named):
+            for name, tensor in self._hf_weights():
                 bucket[name] = tensor.to("cpu", copy=True).contiguous()
                 size += tensor.numel() * tensor.element_size()
                 if size >= bucket_bytes:
@@ -241,6 +240,10 @@ class TorchTrainingBackend(TrainingBackend):
                     bucket, size = {}, 0
             if bucket:
                 yield bucket
+
+    def _hf_weights(self):
+        """(HF checkpoint name, tensor) pairs of the current weights."""
+        return torch_model.to_hf((n, p.detach()) for n, p in self.params.items())
 
     # --------------------------------------------------------------------------- offload
 
