@@ -101,9 +101,12 @@ def kl_needs_reference(spec: Spec):
 
     With kl_loss_coef > 0 the actor computes reference log-probs from the initial weights
     (model.torch_dist_checkpoint, slime's --ref-load); without them slime fails when it
-    builds the reference model ("--ref-load" / "args.ref_load is None").
+    builds the reference model ("--ref-load" / "args.ref_load is None"). Megatron backend
+    only: the torch backend keeps its initial weights in memory as the reference.
     Fix: set model.torch_dist_checkpoint (made by `vime convert`), or kl_loss_coef = 0."""
-    if spec.algorithm.kl_loss_coef > 0 and not spec.model.torch_dist_checkpoint:
+    # the torch backend keeps its initial weights in memory as the reference
+    if spec.train.backend == "megatron" and spec.algorithm.kl_loss_coef > 0 \
+            and not spec.model.torch_dist_checkpoint:
         yield Finding("algorithm.kl_loss_coef",
                       f"kl_loss_coef = {spec.algorithm.kl_loss_coef} but no reference "
                       "checkpoint (model.torch_dist_checkpoint) is set",
