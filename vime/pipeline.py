@@ -9,7 +9,7 @@ from pathlib import Path as FsPath
 from vime import check
 from vime.diagnostics import Diagnostic, finalize, has_errors
 from vime.overrides import Override, Positions, apply, parse_override
-from vime.parse import ParseError, Source, SpanIndex, parse
+from vime.parse import ParseError, Source, parse
 from vime.plan import Plan, plan
 from vime.resolve import resolve
 from vime.resolve.spec import Spec
@@ -43,7 +43,7 @@ def run(source: Source, sets: list[str] = (), spec_dir: FsPath | None = None,
         return result
     raw, problems = apply(raw, overrides)
     diagnostics += problems
-    positions = Positions(spans if isinstance(spans, SpanIndex) else spans, overrides)
+    positions = Positions(spans, overrides)
     raw, schema_diagnostics, can_continue = validate(raw, positions)
     diagnostics += schema_diagnostics
     if can_continue and not problems:

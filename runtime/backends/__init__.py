@@ -15,7 +15,6 @@ ROLLOUT = {
     "torch": "runtime.backends.torch_rollout:TorchRolloutBackend",
     "vllm": "runtime.backends.vllm_rollout:VllmRolloutBackend",
 }
-ISSUES = {"megatron": 7, "vllm": 8}
 
 
 def reference(kind: str, name: str) -> str:
@@ -23,11 +22,6 @@ def reference(kind: str, name: str) -> str:
     key = "train.backend" if kind == "training" else "inference.backend"
     if name not in table:
         raise ValueError(f"{key} = {name!r}: no such {kind} backend ({', '.join(sorted(table))})")
-    if table[name] is None:
-        raise NotImplementedError(
-            f"{key} = {name!r}: the {name} {kind} backend is not implemented yet (issue "
-            f"{ISSUES[name]}); runtime/interfaces.py is the interface it will implement. The "
-            "torch pair runs the whole loop today: see specs/tiny_cpu.toml")
     return table[name]
 
 

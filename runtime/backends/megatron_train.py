@@ -126,11 +126,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
 
     def _forward(self, batch: TrainBatch, indices: list[int], params=None):
         tokens = [batch.tokens[i] for i in indices]
-        width = max(len(t) for t in tokens)
-        ids = torch.zeros(len(tokens), width, dtype=torch.long)
-        for row, seq in enumerate(tokens):
-            ids[row, :len(seq)] = torch.tensor(seq)
-        ids = ids.to(self.device)
+        ids, _attention = self._padded(tokens)  # causal: right padding reaches no real token
+        width = ids.shape[1]
         positions = torch.arange(width, device=self.device).unsqueeze(0).expand(len(tokens), -1)
         self._replay(batch, indices, width)
         if params is not None:  # the reference policy: swap its weights in for this forward

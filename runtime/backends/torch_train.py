@@ -89,13 +89,8 @@ class TorchTrainingBackend(TrainingBackend):
         """Logits / temperature at the positions that predict each sample's response tokens:
         (logits [n, R, V], targets [n, R], mask [n, R]) with R the longest response."""
         tokens = [batch.tokens[i] for i in indices]
-        width = max(len(t) for t in tokens)
-        ids = torch.zeros(len(tokens), width, dtype=torch.long)
-        attention = torch.zeros(len(tokens), width, dtype=torch.long)
-        for row, seq in enumerate(tokens):
-            ids[row, :len(seq)] = torch.tensor(seq)
-            attention[row, :len(seq)] = 1
-        ids, attention = ids.to(self.device), attention.to(self.device)
+        ids, attention = self._padded(tokens)
+        width = ids.shape[1]
         replay = None
         if self.slice.routing_replay and batch.routed_experts is not None:
             replay = self.routers.replay_for_batch([batch.routed_experts[i] for i in indices],
@@ -109,6 +104,16 @@ class TorchTrainingBackend(TrainingBackend):
                 ).logits
         return self._pick_responses(logits, ids, [batch.prompt_lens[i] for i in indices],
                                     [len(t) for t in tokens])
+
+    def _padded(self, tokens: list[list[int]]):
+        """Right-padded token ids [n, longest] and their attention mask, on the device."""
+        width = max(len(t) for t in tokens)
+        ids = torch.zeros(len(tokens), width, dtype=torch.long)
+        attention = torch.zeros(len(tokens), width, dtype=torch.long)
+        for row, seq in enumerate(tokens):
+            ids[row, :len(seq)] = torch.tensor(seq)
+            attention[row, :len(seq)] = 1
+        return ids.to(self.device), attention.to(self.device)
 
     def _pick_responses(self, logits, ids, prompt_lens: list[int], lengths: list[int]):
         """Logits / temperature at the positions that predict each sample's response tokens:

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 from vime.check.registry import Finding, rule
-from vime.plan.groups import Layout
 from vime.resolve.spec import Spec
 
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _layout(spec: Spec) -> Layout:
-    par = spec.train.parallel
-    return Layout(spec.train.num_gpus, par.tp, par.cp, par.pp, par.ep, par.etp)
 
 
 @rule("V101", "model-architecture", enforced_by="vime")

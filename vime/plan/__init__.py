@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from vime.plan.groups import Layout
 from vime.plan.memory import MemoryPlan, memory_plan
-from vime.plan.placement import Gpu, actor_gpus, engine_gpus
+from vime.plan.placement import Gpu, actor_gpus, actor_layout, engine_gpus
 from vime.resolve.spec import Spec
 
 
@@ -101,8 +101,7 @@ def _batch(spec: Spec) -> Batch:
 
 
 def plan(spec: Spec) -> Plan:
-    par = spec.train.parallel
-    layout = Layout(spec.train.num_gpus, par.tp, par.cp, par.pp, par.ep, par.etp)
+    layout = actor_layout(spec)
     ranks = tuple(ActorRank(r, node, gpu, layout.coordinates(r))
                   for r, (node, gpu) in enumerate(actor_gpus(spec)))
     return Plan(spec, layout, layout.groups(), ranks, _engines(spec), _batch(spec),

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import ceil
 
-from vime.plan.groups import Layout
+from vime.plan.placement import actor_layout
 from vime.resolve.model import Arch
 from vime.resolve.spec import Spec
 
@@ -314,10 +314,10 @@ def host_terms(spec: Spec) -> tuple[Term, ...]:
 
 def memory_plan(spec: Spec) -> MemoryPlan | None:
     """None when the GPU's memory, the model or a valid layout is missing (other rules say why)."""
-    d, par = spec.derived, spec.train.parallel
+    d = spec.derived
     if spec.arch is None or d.gpu_memory_gib is None or min(d.dp, d.edp, d.num_engines) < 1:
         return None
-    if Layout(spec.train.num_gpus, par.tp, par.cp, par.pp, par.ep, par.etp).problems():
+    if actor_layout(spec).problems():
         return None
     gpu_bytes = spec.derived.gpu_memory_gib * GiB
     host = spec.cluster.host_memory_gib

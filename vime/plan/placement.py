@@ -3,6 +3,7 @@ the same GPUs when colocated, else the GPUs after the actor's, engine after engi
 
 from __future__ import annotations
 
+from vime.plan.groups import Layout
 from vime.resolve.spec import Spec
 
 Gpu = tuple[int, int]  # (node, gpu on the node)
@@ -10,6 +11,12 @@ Gpu = tuple[int, int]  # (node, gpu on the node)
 
 def gpu_at(index: int, gpus_per_node: int) -> Gpu:
     return divmod(index, gpus_per_node)
+
+
+def actor_layout(spec: Spec) -> Layout:
+    """The actor's Megatron layout: its GPUs and the spec's parallel sizes."""
+    par = spec.train.parallel
+    return Layout(spec.train.num_gpus, par.tp, par.cp, par.pp, par.ep, par.etp)
 
 
 def actor_gpus(spec: Spec) -> list[Gpu]:

@@ -92,7 +92,7 @@ def read_arch(model: dict, spec_dir: FsPath) -> ArchResolution:
     return ArchResolution(arch, origin, None)
 
 
-def _derive(values: dict, origins: dict[str, Origin], arch: Arch | None) -> Derived:
+def _derive(values: dict, origins: dict[str, Origin]) -> Derived:
     cluster, train, inference, rollout = (values[k] for k in ("cluster", "train", "inference",
                                                                "rollout"))
     world = cluster["nodes"] * cluster["gpus_per_node"]
@@ -156,7 +156,7 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath) -> Spec:
     values["model"]["arch"] = dict(raw.get("model", {}).get("arch", {}))
     values["cluster"]["env"] = dict(raw.get("cluster", {}).get("env", {}))
     resolution = read_arch(values["model"], spec_dir)
-    derived = _derive(values, origins, resolution.arch)
+    derived = _derive(values, origins)
     sections = {name: _build(cls, values[name]) for name, cls in SECTIONS.items()}
     if resolution.origin is not None:
         origins["model.arch"] = resolution.origin
