@@ -23,6 +23,8 @@ def _case(code: str, side: str, tmp_path: Path, make_checkpoint):
         assert edit[0] in text, f"{code}: {side}_edit does not match {base.name}"
         text = text.replace(edit[0], edit[1])
     tmp = make_checkpoint(fixture["config_json"]) if "config_json" in fixture else tmp_path
+    for name, content in fixture.get("files", {}).items():
+        (tmp / name).write_text(content)
     sets = [s.replace("{tmp}", str(tmp)) for s in fixture.get(side, [])]
     return run_text(text, sets, name=f"specs/{base.name}", spec_dir=base.parent)
 

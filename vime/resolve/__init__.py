@@ -16,7 +16,7 @@ from vime.diagnostics import dotted
 from vime.overrides import Positions
 from vime.parse import Path
 from vime.resolve.model import PRESETS, Arch, ArchError, arch_from_config
-from vime.resolve.spec import SECTIONS, Derived, Origin, Spec
+from vime.resolve.spec import SECTIONS, Derived, Origin, SavedLayout, Spec
 
 # Memory per card in GiB. H100/H800 (81559 MiB) and H200 (143771 MiB, read on an H200 on
 # 2026-11-29) are what the driver reports; the others are the nominal sizes until measured.
@@ -25,6 +25,12 @@ GPU_MEMORY_GIB = {
     "H100": 79.6, "H800": 79.6, "H20": 96, "H200": 139.8, "A100-80GB": 80, "A100-40GB": 40,
     "A800": 80, "B200": 180, "GB200": 186, "L40S": 48,
 }
+
+
+# Written beside a torch_dist checkpoint by runtime/megatron/convert.py (its LAYOUT_FILE;
+# tests/test_saved_layout.py keeps the two names equal): the tp/pp/ep/etp it was saved with.
+LAYOUT_FILE = "vime_layout.json"
+LAYOUT_SIZES = ("tp", "pp", "ep", "etp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +67,7 @@ def read_arch(model: dict, spec_dir: FsPath) -> ArchResolution:
     overrides = model.get("arch") or {}
     config: dict | None = None
     origin = None
-    checkpoint = FsPath(model["hf_checkpoint"]).expanduser()
-    if not checkpoint.is_absolute():
-        checkpoint = spec_dir / checkpoint
-    config_path = checkpoint / "config.json"
+    config_path = _local_path(model["hf_checkpoint"], spec_dir) / "config.json"
     try:
         config = json.loads(config_path.read_text())
         if not isinstance(config, dict):
@@ -90,6 +93,33 @@ def read_arch(model: dict, spec_dir: FsPath) -> ArchResolution:
         where = "model.arch" if err.key in overrides or origin.kind == "arch" else "model.hf_checkpoint"
         return ArchResolution(None, origin, f"{origin.describe()}: {err}", where)
     return ArchResolution(arch, origin, None)
+
+
+def _local_path(value: str, spec_dir: FsPath) -> FsPath:
+    """A path of the spec on this machine: relative ones are taken from the spec's folder."""
+    path = FsPath(value).expanduser()
+    return path if path.is_absolute() else spec_dir / path
+
+
+def read_saved_layout(model: dict, spec_dir: FsPath) -> SavedLayout | None:
+    """vime_layout.json of model.torch_dist_checkpoint, when that folder is on this machine."""
+    if not model.get("torch_dist_checkpoint"):
+        return None
+    folder = _local_path(model["torch_dist_checkpoint"], spec_dir)
+    if not folder.exists():
+        return None  # on the cluster only, or not converted yet: nothing to check here
+    layout_path = folder / LAYOUT_FILE
+    try:
+        saved = json.loads(layout_path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return SavedLayout(str(folder), None, f"has no {LAYOUT_FILE}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return SavedLayout(str(folder), None, f"{layout_path} cannot be read: {err}")
+    sizes = {k: saved.get(k) for k in LAYOUT_SIZES} if isinstance(saved, dict) else {}
+    if not sizes or any(type(v) is not int or v < 1 for v in sizes.values()):
+        return SavedLayout(str(folder), None, f"{layout_path} does not give the positive "
+                           f"integers {', '.join(LAYOUT_SIZES)}")
+    return SavedLayout(str(folder), sizes)
 
 
 def _derive(values: dict, origins: dict[str, Origin]) -> Derived:
@@ -156,13 +186,18 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath) -> Spec:
     values["model"]["arch"] = dict(raw.get("model", {}).get("arch", {}))
     values["cluster"]["env"] = dict(raw.get("cluster", {}).get("env", {}))
     resolution = read_arch(values["model"], spec_dir)
+    saved_layout = read_saved_layout(values["model"], spec_dir)
     derived = _derive(values, origins)
     sections = {name: _build(cls, values[name]) for name, cls in SECTIONS.items()}
     if resolution.origin is not None:
         origins["model.arch"] = resolution.origin
     problem = (resolution.problem_key, resolution.problem) if resolution.problem else None
+    invocation = (positions.spans.source.name,
+                  *(arg for o in sorted(positions.overrides.values(), key=lambda o: o.index)
+                    for arg in ("--set", o.argument)))
     return Spec(**sections, arch=resolution.arch, derived=derived, arch_problem=problem,
-                origins=origins)
+                torch_dist_layout=saved_layout, invocation=invocation, origins=origins)
 
 
-__all__ = ["resolve", "read_arch", "ArchResolution", "GPU_MEMORY_GIB", "Path"]
+__all__ = ["resolve", "read_arch", "read_saved_layout", "ArchResolution", "GPU_MEMORY_GIB",
+           "LAYOUT_FILE", "LAYOUT_SIZES", "Path"]

@@ -206,6 +206,16 @@ class Derived:
 
 
 @dataclass(frozen=True)
+class SavedLayout:
+    """The parallel layout a torch_dist checkpoint was saved with, as its vime_layout.json
+    says (runtime/megatron/convert.py writes it), read where vime runs."""
+
+    folder: str  # model.torch_dist_checkpoint, relative paths taken from the spec's folder
+    sizes: dict[str, int] | None  # tp, pp, ep, etp; None when the layout is unknown
+    problem: str | None = None  # why it is unknown
+
+
+@dataclass(frozen=True)
 class Spec:
     experiment: Experiment
     cluster: Cluster
@@ -221,6 +231,10 @@ class Spec:
     derived: Derived
     # (key path, why) when no architecture could be read; check reports it (V101)
     arch_problem: tuple[str, str] | None = None
+    # None when no torch_dist checkpoint is set or its folder is not on this machine
+    torch_dist_layout: SavedLayout | None = None
+    # the spec file and its --set arguments as given, for help lines that print a command
+    invocation: tuple[str, ...] = field(default=(), compare=False)
     origins: dict[str, Origin] = field(default_factory=dict, compare=False)
 
     def origin(self, key: str) -> Origin:
