@@ -127,6 +127,15 @@ class RolloutWorker:
     def resident_bytes(self) -> int:
         return getattr(self.backend, "resident_bytes", lambda: -1)()
 
+    def ping(self) -> bool:
+        """The supervisor's health check (runtime/supervisor.py): the actor answers."""
+        return True
+
+    def call(self, method: str, *args):
+        """A backend's own method (vLLM's weight-transfer steps, runtime/backends/
+        vllm_weights.py)."""
+        return getattr(self.backend, method)(*args)
+
     def stop(self) -> None:
         self.backend.stop()
 
@@ -265,28 +274,52 @@ def local_groups(config: JobConfig, cpu_threads: int = 1) -> tuple[TrainGroup, R
 def ray_groups(config: JobConfig, placement, cpu_threads: int) -> tuple[TrainGroup, RolloutGroup]:
     """A Ray actor per rank and per engine, each on the bundle of its plan GPU."""
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    def on(bundle: int, share: float, children: bool):
-        # an engine's own workers (vLLM's Ray executor) must land in the group too
-        return {"num_cpus": 0, "num_gpus": share,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    placement.group, placement_group_bundle_index=bundle,
-                    placement_group_capture_child_tasks=children)}
-
-    def engine_bundles(entry) -> tuple[int, ...]:
-        return tuple(placement.bundle(g["node"], g["gpu"]) for g in entry["gpus"])
 
     train_share = TRAIN_GPU_SHARE_COLOCATED if config.colocate else 1.0
-    engine_share = ENGINE_GPU_SHARE_COLOCATED if config.colocate else 1.0
-    train_cls, engine_cls = ray.remote(TrainWorker), ray.remote(RolloutWorker)
-    trainers = [train_cls.options(**on(placement.bundle(r["node"], r["gpu"]), train_share, False))
+    train_cls = ray.remote(TrainWorker)
+    trainers = [train_cls.options(**_on(placement, placement.bundle(r["node"], r["gpu"]),
+                                        train_share, False))
                 .remote(config.train_backend) for r in config.ranks]
-    engines = [engine_cls.options(**on(engine_bundles(e)[0], engine_share, True))
-               .remote(config.rollout_backend) for e in config.engines]
+    engines = [new_engine_actor(config, placement, i) for i in range(len(config.engines))]
     address, port = ray.get(trainers[0].rendezvous.remote())
     ray.get([t.init.remote(config.train_slice(r, address, port, cpu_threads))
              for r, t in enumerate(trainers)])
-    ray.get([e.start.remote(config.engine_slice(i, cpu_threads, engine_bundles(entry)))
-             for i, (e, entry) in enumerate(zip(engines, config.engines, strict=True))])
+    ray.get([e.start.remote(config.engine_slice(i, cpu_threads,
+                                                engine_bundles(config, placement, i)))
+             for i, e in enumerate(engines)])
     return TrainGroup(trainers), RolloutGroup(engines)
+
+
+def _on(placement, bundle: int, share: float, children: bool) -> dict:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    # an engine's own workers (vLLM's Ray executor) must land in the group too
+    return {"num_cpus": 0, "num_gpus": share,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement.group, placement_group_bundle_index=bundle,
+                placement_group_capture_child_tasks=children)}
+
+
+def engine_bundles(config: JobConfig, placement, index: int) -> tuple[int, ...]:
+    return tuple(placement.bundle(g["node"], g["gpu"]) for g in config.engines[index]["gpus"])
+
+
+def engine_host_gpus(config: JobConfig, index: int) -> float:
+    """The GPU share of an engine's host actor: an engine of several GPUs runs its workers as
+    Ray actors on its bundles (vLLM's Ray executor), which take the GPUs; its host takes none
+    (runtime/backends/vllm_rollout.py, `launch`)."""
+    if len(config.engines[index]["gpus"]) > 1:
+        return 0.0
+    return ENGINE_GPU_SHARE_COLOCATED if config.colocate else 1.0
+
+
+def new_engine_actor(config: JobConfig, placement, index: int):
+    """An (unstarted) engine actor on the bundle of the engine's first GPU; also how the
+    supervisor replaces a dead one (runtime/supervisor.py)."""
+    import ray
+
+    engine_share = engine_host_gpus(config, index)
+    return (ray.remote(RolloutWorker)
+            .options(**_on(placement, engine_bundles(config, placement, index)[0], engine_share,
+                           True))
+            .remote(config.rollout_backend))

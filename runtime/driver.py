@@ -84,7 +84,7 @@ def _connect_ray() -> None:
 
 
 def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
-    from runtime import actors, placement
+    from runtime import actors, placement, supervisor
     from runtime.loop import GRPOLoop
     from runtime.metrics import MetricsLogger
 
@@ -104,6 +104,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     log("vime: " + group.describe())
     threads = cpu_threads_per_actor(config)
     train, rollout = actors.ray_groups(config, group, threads)
+    rollout = supervisor.supervise(rollout, config, group, threads, log=log)
     where = {"train": train.where(), "rollout": rollout.where(),
              "bundles": {f"{n},{g}": b for (n, g), b in group.by_gpu.items()},
              "colocate": config.colocate, "cpu_threads": threads}
@@ -119,6 +120,13 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     loop = GRPOLoop(config, train, rollout, sampler, tokenizer, reward_fn, metrics,
                     Checkpoints(config.save_dir, config.load_dir), log=log)
     restored = loop.restore()
+
+    def restore_weights(engines) -> None:
+        # a replaced engine gets the version the others serve (none before the first push)
+        if loop.version:
+            train.push_weights(engines, loop.version, config.weight_bucket_bytes)
+
+    rollout.restore_weights = restore_weights
     if resume and not restored:
         log(f"vime: asked to resume, but {config.load_dir} holds no checkpoint: starting fresh")
     try:

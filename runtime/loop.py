@@ -36,8 +36,6 @@ from runtime.interfaces import GenerationRequest, SamplingParams, TrainBatch
 from runtime.metrics import MetricsLogger
 from runtime.slices import JobConfig
 
-WEIGHT_BUCKET_BYTES = 64 << 20
-
 
 def request_seed(seed: int, rollout_id: int, sample: int) -> int:
     return ((seed * 1_000_003 + rollout_id) * 100_003 + sample) % (1 << 62)
@@ -97,7 +95,8 @@ class GRPOLoop:
         start = time.perf_counter()
         if config.colocate:
             self.train.offload()
-        self.train.push_weights(self.rollout, self.version or 1, WEIGHT_BUCKET_BYTES)
+        self.train.push_weights(self.rollout, self.version or 1,
+                              config.weight_bucket_bytes)
         self.version = self.version or 1
         self.log(f"vime: weights version {self.version} on {self.rollout.size} engine(s) in "
                  f"{time.perf_counter() - start:.2f} s; rollouts {self.next_rollout} to "
@@ -169,7 +168,7 @@ class GRPOLoop:
                 self.rollout.wake(["weights"])
         with timer.phase("weight_sync"):
             self.version += 1
-            self.train.push_weights(self.rollout, self.version, WEIGHT_BUCKET_BYTES)
+            self.train.push_weights(self.rollout, self.version, config.weight_bucket_bytes)
         if config.colocate:
             with timer.phase("offload"):
                 self.rollout.wake(["kv_cache"])
@@ -185,6 +184,8 @@ class GRPOLoop:
                 g.finish_reason == "length" for g in generations),
             "samples": len(generations), "data/epoch": self.sampler.epoch,
         })
+        if hasattr(self.rollout, "restarts"):  # runtime/supervisor.py: engines replaced so far
+            numbers["rollout/engine_restarts"] = sum(self.rollout.restarts)
         numbers.update(_train_numbers(step_stats, config.needs_ref))
         numbers["throughput/generate_tokens_per_s"] = sum(response_lens) / max(
             timer.seconds["generate"], 1e-9)

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from runtime import weights
+
 
 @dataclass(frozen=True)
 class ModelSlice:
@@ -89,6 +91,9 @@ class EngineSlice:
     # the placement-group bundles of `gpus`, in the same order (vLLM's Ray executor takes them
     # as VLLM_RAY_BUNDLE_INDICES; the engine's actor captures child tasks into the group)
     bundles: tuple[int, ...] = ()
+    # the engine shares its GPUs with training ranks (train.colocate): vLLM's weight transfer
+    # is then CUDA IPC, else NCCL; its Ray workers take a fraction of each GPU
+    colocated: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,8 @@ class JobConfig:
     resolved: MappingProxyType = field(repr=False)
     megatron_args: tuple[str, ...] = ()
     vllm_args: tuple[str, ...] = ()
+    # bytes per weight bucket, from plan.json's memory headroom (runtime/weights.py)
+    weight_bucket_bytes: int = weights.BUCKET_FLOOR_BYTES
 
     # ------------------------------------------------------------------------------ build
 
@@ -207,6 +214,8 @@ class JobConfig:
             job_dir=job_dir, resolved=MappingProxyType(spec),
             megatron_args=_argfile(job_dir / "megatron.args"),
             vllm_args=_argfile(job_dir / "vllm.args"),
+            weight_bucket_bytes=(weights.bucket_bytes(plan["memory"]) if plan.get("memory")
+                                 else weights.BUCKET_FLOOR_BYTES),
         )
 
     # ----------------------------------------------------------------------------- slices
@@ -240,7 +249,8 @@ class JobConfig:
             gpus=tuple((g["node"], g["gpu"]) for g in entry["gpus"]),
             tp=entry["tp"], dp=entry["dp"], ep=entry["ep"], model=self.model,
             max_model_len=self.data.max_prompt_len + self.max_response_len,
-            cpu_threads=cpu_threads, args=self.vllm_args, bundles=tuple(bundles))
+            cpu_threads=cpu_threads, args=self.vllm_args, bundles=tuple(bundles),
+            colocated=self.colocate)
 
     def with_overrides(self, **changes: Any) -> JobConfig:
         return replace(self, **changes)

@@ -1,15 +1,39 @@
 """The vLLM rollout backend (vLLM 0.33): one engine = one `vllm.LLM` with the engine arguments
 vime compiled (`vllm.args`, checked against vLLM's own parser in tests/oracle/test_vllm.py).
 
+- Launch (`launch`, pure): an engine whose GPUs are several placement-group bundles (more
+  than one GPU, or more than one node) runs its workers as Ray actors on exactly those
+  bundles: `distributed_executor_backend="ray"`, `VLLM_RAY_BUNDLE_INDICES` (one bundle per
+  worker, vllm/v1/executor/ray_utils.py checks the count) and, colocated,
+  `VLLM_RAY_PER_WORKER_GPUS` = the engine's share of a GPU; the host actor then holds no GPU
+  itself. An engine with vLLM data parallelism (dp > 1) needs one `LLM` per DP rank
+  (`LLM(data_parallel_size > 1)` raises outside external_launcher, vllm/entrypoints/llm.py):
+  `launch` gives each rank its bundles and VLLM_DP_* variables, but hosting several ranks is
+  not written, and `start` says so.
 - Generation: token-id prompts, one sample per request with the request's seed (so a resumed
   run samples the same), `logprobs=0` for the sampled token's log-prob (vime emits
   `--logprobs-mode processed_logprobs`: after temperature, and after top-p when top_p < 1),
   and with routing replay the routed experts of every token (`--enable-return-routed-experts`,
   which needs the V2 model runner: VLLM_USE_V2_MODEL_RUNNER=1 is set before the engine starts).
-- Weights: each bucket (HF names) goes to every worker through `collective_rpc` and the
-  model's own `load_weights`, the path vLLM's examples use for in-place updates; the version
-  counter moves when the last bucket of a version arrives. vLLM's weight-transfer engine
-  (IPC when colocated, NCCL otherwise) is the faster path for large models (not wired yet).
+- Weights, two paths, both keeping the version counter (vLLM's `update_weight_version` /
+  `finish_weight_update(weight_version)`, and this backend's own integer):
+  * vLLM's weight-transfer engine: every engine starts with
+    `weight_transfer_config=WeightTransferConfig(backend=...)`, "ipc" when colocated (CUDA IPC
+    handles of the actor's tensors on the same GPU), "nccl" when disaggregated (a broadcast
+    from the actor's rank 0); an `--weight-transfer-config` in inference.extra_args wins.
+    The trainer side (runtime/backends/vllm_weights.py) drives `init_weight_transfer`,
+    `start_weight_update`, `receive_weights`, `finish_weight_update` below through
+    vLLM's own trainer engines.
+  * the fallback, `update_weights(WeightBucket)`: each bucket (HF names) to every worker
+    through `collective_rpc` and the model's own `load_weights` (the path vLLM's examples
+    used before the transfer engine). `weight_path` selects it when vLLM's trainer engines
+    cannot run: the actor is not on CUDA (the torch training backend on CPU), or, for IPC,
+    an actor rank does not hold every tensor (IPCTrainerWeightTransferEngine refuses it).
+    (shared/reference/vllm.md §2.2 item 7 says "the IPC loader refuses EPLB": that is the
+    weight-cache IPC loader of model loading, model_loader/weight_cache/ipc_loader.py, not
+    the weight-transfer engine; only the sharded_rdt transfer backend refuses EPLB.)
+  After a sync, `fingerprints(names)` hashes a few tensors in every worker (collective_rpc)
+  for the actor to compare with its own (runtime/weights.py).
 - Sleep and wake map to `LLM.sleep(level)` / `LLM.wake_up(tags)` (`--enable-sleep-mode`).
 
 What has and has not been executed is in docs/vllm.md: vLLM needs a GPU this project's
@@ -20,7 +44,8 @@ objects on CPU, and the engine calls are not.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +57,83 @@ from runtime.interfaces import (
     WeightBucket,
 )
 from runtime.slices import EngineSlice
+
+# colocated, an engine's Ray workers take this share of each GPU, as the engine actor does
+# (runtime/actors.py, slime's numbers)
+COLOCATED_WORKER_GPU_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """How to start the `LLM` of one vLLM data-parallel rank of an engine."""
+
+    dp_rank: int
+    bundles: tuple[int, ...]  # placement-group bundles of its TP workers, in rank order
+    nodes: tuple[int, ...]  # the plan's nodes of those bundles
+    kwargs: Mapping = field(default_factory=dict)  # over engine_kwargs(vllm.args)
+    env: Mapping = field(default_factory=dict)  # set before vllm is imported
+    host_gpus: float = 0.0  # GPU share of the actor that holds the LLM object
+
+
+def launch(slice: EngineSlice, dp_master: tuple[str, int] | None = None,
+           worker_share: float = COLOCATED_WORKER_GPU_SHARE) -> list[RankLaunch]:
+    """Per vLLM DP rank of the engine: its bundles, LLM keyword arguments and environment.
+
+    A rank's world is its TP workers (vLLM's world_size = TP x PP; vime plans PP = 1), so
+    rank i takes the engine's bundles [i*tp, (i+1)*tp). When that is more than one bundle the
+    workers are Ray actors placed by VLLM_RAY_BUNDLE_INDICES (the host actor, in the same
+    placement group with child-task capture, holds no GPU); one bundle keeps vLLM's
+    in-process executor and the host takes the GPU share itself. dp > 1 adds vLLM's offline
+    DP variables (vllm/config/parallel.py reads VLLM_DP_* when data_parallel_size is 1);
+    `dp_master` is rank 0's address, known only at run time."""
+    share = worker_share if slice.colocated else 1.0
+    gpus_per_rank = slice.tp
+    if slice.bundles and len(slice.bundles) != slice.tp * slice.dp:
+        raise ValueError(f"engine {slice.engine}: {len(slice.bundles)} bundles for tp {slice.tp}"
+                         f" x dp {slice.dp}")
+    out = []
+    for rank in range(slice.dp):
+        picked = range(rank * gpus_per_rank, (rank + 1) * gpus_per_rank)
+        bundles = tuple(slice.bundles[i] for i in picked) if slice.bundles else ()
+        nodes = tuple(sorted({slice.gpus[i][0] for i in picked}))
+        kwargs: dict = {"tensor_parallel_size": slice.tp}
+        env: dict[str, str] = {}
+        host_gpus = share
+        if len(bundles) > 1:
+            kwargs["distributed_executor_backend"] = "ray"
+            env["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, bundles))
+            if share != 1.0:
+                env["VLLM_RAY_PER_WORKER_GPUS"] = repr(share)
+            host_gpus = 0.0
+        if slice.dp > 1:
+            kwargs["data_parallel_size"] = 1  # LLM refuses more; the DP size travels in env
+            env.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL="0",
+                       VLLM_DP_SIZE=str(slice.dp))
+            if dp_master is not None:
+                env.update(VLLM_DP_MASTER_IP=dp_master[0], VLLM_DP_MASTER_PORT=str(dp_master[1]))
+        out.append(RankLaunch(rank, bundles, nodes, kwargs, env, host_gpus))
+    return out
+
+
+def weight_transfer_backend(slice: EngineSlice, kwargs: Mapping) -> str:
+    """The weight-transfer backend the engine starts with: the user's
+    (--weight-transfer-config in inference.extra_args), else "ipc" when the engine shares its
+    GPUs with the actor, "nccl" when it does not."""
+    configured = kwargs.get("weight_transfer_config")
+    if configured is not None:
+        return configured["backend"] if isinstance(configured, dict) else configured.backend
+    return "ipc" if slice.colocated else "nccl"
+
+
+def weight_path(backend: str, actor_on_cuda: bool, every_rank_holds_all: bool) -> str:
+    """"ipc" / "nccl" (vLLM's transfer engine) or "collective_rpc" (the fallback): vLLM's
+    trainer engines need the actor's tensors on a CUDA device, and IPC needs every actor rank
+    to hold every tensor (each rank shares its copies with the worker on its GPU)."""
+    if not actor_on_cuda or backend not in ("ipc", "nccl"):
+        return "collective_rpc"
+    if backend == "ipc" and not every_rank_holds_all:
+        return "collective_rpc"
+    return backend
 
 
 def engine_kwargs(args: Sequence[str]) -> dict:
@@ -79,6 +181,14 @@ def _load_bucket(worker, tensors: dict) -> int:
     return len(loaded) if loaded is not None else len(tensors)
 
 
+def _fingerprints(worker, names: list[str]) -> dict:
+    """Runs inside each vLLM worker (collective_rpc): runtime.weights.fingerprints of its
+    parameters of those names."""
+    from runtime import weights
+
+    return weights.fingerprints(worker.model_runner.model.named_parameters(), names)
+
+
 class VllmRolloutBackend(RolloutBackend):
     def __init__(self):
         self.llm = None
@@ -86,10 +196,25 @@ class VllmRolloutBackend(RolloutBackend):
         self.asleep = False
 
     def start(self, slice: EngineSlice) -> None:
+        ranks = launch(slice)
+        if len(ranks) > 1:
+            raise NotImplementedError(
+                f"engine {slice.engine}: vLLM data parallelism ({slice.dp} ranks) needs one "
+                "LLM per DP rank (LLM(data_parallel_size > 1) raises outside "
+                "external_launcher); hosting several ranks per engine is not written (issue 8). "
+                "Plan engines with inference.data_parallel_size = 1.")
+        rank = ranks[0]
+        os.environ.update(rank.env)
+        if rank.kwargs.get("distributed_executor_backend") == "ray":
+            # the workers get their GPUs from their bundles; the host's own mask would hide them
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         from vllm import LLM
+        from vllm.config import WeightTransferConfig
 
         self.slice = slice
-        kwargs = engine_kwargs(slice.args)
+        kwargs = {**engine_kwargs(slice.args), **rank.kwargs}
+        self.transfer_backend = weight_transfer_backend(slice, kwargs)
+        kwargs["weight_transfer_config"] = WeightTransferConfig(backend=self.transfer_backend)
         if kwargs.get("enable_return_routed_experts"):
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
         self.llm = LLM(**kwargs)
@@ -106,13 +231,43 @@ class VllmRolloutBackend(RolloutBackend):
         return [to_generation(out.outputs[0], params.return_routed_experts) for out in outputs]
 
     def update_weights(self, bucket: WeightBucket) -> None:
+        """The fallback path (collective_rpc + load_weights), bucket by bucket."""
         if bucket.tensors:
             self.llm.collective_rpc(_load_bucket, args=(bucket.tensors,))
         if bucket.last:
+            self.llm.update_weight_version(str(bucket.version))
             self.version = bucket.version
 
     def weight_version(self) -> int:
         return self.version
+
+    # vLLM's weight-transfer engine, driven by the actor's side (vllm_weights.EngineClient)
+
+    def world_size(self) -> int:
+        """Workers of this engine (TP x PP x DP): its ranks in an NCCL transfer group."""
+        return self.llm.get_world_size(include_dp=True)
+
+    def init_weight_transfer(self, init_info: dict) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def receive_weights(self, update_info: dict) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self, version: int | None = None) -> None:
+        self.llm.finish_weight_update(weight_version=None if version is None else str(version))
+        if version is not None:
+            self.version = version
+
+    def set_weight_version(self, version: int) -> None:
+        self.llm.update_weight_version(str(version))
+        self.version = version
+
+    def fingerprints(self, names: Sequence[str]) -> list[dict]:
+        """Per worker, {name: (dtype, sha256)} of those parameters (runtime/weights.py)."""
+        return self.llm.collective_rpc(_fingerprints, args=(list(names),))
 
     def sleep(self, level: int = 1) -> None:
         self.llm.sleep(level=level)

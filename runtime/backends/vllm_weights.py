@@ -1,0 +1,185 @@
+"""The actor's side of vLLM's weight-transfer engine (vLLM 0.33, distributed/weight_transfer/).
+
+vLLM ships trainer engines (`NCCLTrainerWeightTransferEngine`, `IPCTrainerWeightTransferEngine`)
+that drive a full update round (start, update, finish) through a "client" with four methods
+and read the weights from a `WeightSource`. This module gives them vime's pieces:
+
+- `ExportSource`: a WeightSource over a training backend's `export_weights(bucket_bytes)`
+  (HF names, the buckets' order); its metadata is one pass of the export, taken once.
+- `EngineClient`: the client, over vime's engine hosts (Ray actors or in-process), calling
+  the vLLM backend's `init_weight_transfer` / `start_weight_update` / `receive_weights` /
+  `finish_weight_update` (runtime/backends/vllm_rollout.py) on every engine. vLLM's own
+  `RayVLLMWeightSyncClient` sends one NCCL init payload to all handles; with several
+  engines each needs its own `rank_offset` in the group, which this client sets.
+- `trainer_init_info` / `worker_init_infos` / `update_info`: vLLM's own dataclasses, filled
+  from the plan (bucket bytes = the packed buffer size, runtime/weights.py).
+- `send(...)`: one sync through vLLM's trainer engine, then the version, then the sample
+  check (runtime/weights.py: the same few tensors hashed in the actor and in every worker).
+
+Imported only by an actor that takes this path (`vllm_rollout.weight_path`); it imports
+vLLM at the top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from functools import cached_property
+
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+from vllm.distributed.weight_transfer.ipc_engine import (
+    IPCTrainerInitInfo,
+    IPCWeightTransferInitInfo,
+    IPCWeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.nccl_common import (
+    NCCLWeightTransferInitInfo,
+    worker_init_payload,
+)
+from vllm.distributed.weight_transfer.nccl_engine import (
+    NCCLTrainerInitInfo,
+    NCCLWeightTransferUpdateInfo,
+)
+
+from runtime import weights
+from runtime.actors import _call_all
+
+
+class ExportSource(WeightSource):
+    """The actor's export as vLLM's WeightSource. Every rank owns every name it yields
+    (owners None), so the NCCL trainer engine sends from rank 0 and IPC merges by position."""
+
+    def __init__(self, export: Callable[[], Iterator[dict]]):
+        self._export = export
+        self.sample: dict = {}  # the sampled tensors of the last pass, for the check
+
+    @cached_property
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(name, tensor.dtype, tuple(tensor.shape))
+                for bucket in self._export() for name, tensor in bucket.items()]
+
+    @cached_property
+    def sample_names(self) -> frozenset[str]:
+        return frozenset(weights.sample_names(m.name for m in self.metadata))
+
+    def iter_full(self):
+        self.sample = {}
+        for bucket in self._export():
+            for name, tensor in bucket.items():
+                if name in self.sample_names:
+                    self.sample[name] = tensor.detach().to("cpu", copy=True)
+                yield name, tensor
+
+
+class EngineClient:
+    """vLLM's VLLMWeightSyncClient protocol (structural) over vime's engine hosts."""
+
+    def __init__(self, engines: Sequence, engine_worlds: Sequence[int]):
+        self.engines = list(engines)
+        self.engine_worlds = list(engine_worlds)
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        payloads = per_engine_init(init_info, self.engine_worlds)
+        _call_all(self.engines, "call", per_handle=[("init_weight_transfer", p) for p in payloads])
+
+    def start_weight_update(self) -> None:
+        _call_all(self.engines, "call", "start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        _call_all(self.engines, "call", "receive_weights", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        version = None if weight_version is None else int(weight_version)
+        _call_all(self.engines, "call", "finish_weight_update", version)
+
+
+def per_engine_init(init_info: dict, engine_worlds: Sequence[int]) -> list[dict]:
+    """The workers' init payload for each engine: NCCL ranks follow the sender (rank 0)
+    engine after engine; IPC payloads are the same for all."""
+    if "rank_offset" not in init_info:
+        return [dict(init_info) for _ in engine_worlds]
+    out, offset = [], int(init_info["rank_offset"])
+    for world in engine_worlds:
+        out.append(dict(init_info, rank_offset=offset))
+        offset += world
+    return out
+
+
+def trainer_init_info(backend: str, rank: int, bucket_bytes: int,
+                      master: tuple[str, int] | None = None,
+                      engine_worlds: Sequence[int] = ()):
+    """vLLM's trainer-side init info: the packed buffer is one bucket; NCCL's group is the
+    sender plus every worker of every engine."""
+    if backend == "nccl":
+        if master is None:
+            raise ValueError("an NCCL weight transfer needs the sender's address and port")
+        return NCCLTrainerInitInfo(rank=rank, master_address=master[0], master_port=master[1],
+                                   world_size=1 + sum(engine_worlds), packed=True,
+                                   packed_buffer_size_bytes=bucket_bytes)
+    if backend == "ipc":
+        return IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=bucket_bytes)
+    raise ValueError(f"no trainer side for weight-transfer backend {backend!r}")
+
+
+def worker_init_infos(info, engine_worlds: Sequence[int]) -> list[dict]:
+    """What each engine's workers receive at the handshake, as vLLM's trainer engines build it
+    (nccl_common.build_worker_init_payload), with each engine's own rank offset."""
+    if isinstance(info, NCCLTrainerInitInfo):
+        worker = NCCLWeightTransferInitInfo(
+            master_address=info.master_address, master_port=info.master_port, rank_offset=1,
+            world_size=info.world_size, packed=info.packed,
+            packed_buffer_size_bytes=info.packed_buffer_size_bytes,
+            packed_num_buffers=info.packed_num_buffers)
+        return per_engine_init(worker_init_payload(worker), engine_worlds)
+    return per_engine_init(asdict(IPCWeightTransferInitInfo(packed=info.packed)), engine_worlds)
+
+
+def update_info(backend: str, metadata: Sequence[ParamMeta], ipc_handles=None,
+                tensor_sizes: list[int] | None = None) -> dict:
+    """One round's update info, through vLLM's dataclass (which checks the lengths)."""
+    names = [m.name for m in metadata]
+    dtypes = [str(m.dtype).removeprefix("torch.") for m in metadata]
+    shapes = [list(m.shape) for m in metadata]
+    if backend == "nccl":
+        return asdict(NCCLWeightTransferUpdateInfo(names=names, dtype_names=dtypes,
+                                                   shapes=shapes))
+    return asdict(IPCWeightTransferUpdateInfo(names=names, dtype_names=dtypes, shapes=shapes,
+                                              ipc_handles=ipc_handles,
+                                              tensor_sizes=tensor_sizes))
+
+
+def engine_worlds(engines: Sequence) -> list[int]:
+    return _call_all(engines, "call", "world_size")
+
+
+def check_sample(engines: Sequence, actor_tensors: dict) -> None:
+    """Compare the sampled tensors of every worker of every engine with the actor's."""
+    names = sorted(actor_tensors)
+    if not names:
+        return
+    for index, workers in enumerate(_call_all(engines, "call", "fingerprints", names)):
+        for worker, reported in enumerate(workers):
+            wrong = weights.mismatches(actor_tensors, reported)
+            if wrong:
+                raise RuntimeError(f"weight sync: engine {index}, worker {worker}: "
+                                   + "; ".join(wrong))
+
+
+def send(engines: Sequence, export: Callable[[], Iterator[dict]], version: int, rank: int,
+         info, engine=None):
+    """One weight sync through vLLM's trainer engine (created, with its rendezvous, on the
+    first call and returned for the next ones: the export callable must stay the same), the
+    version set on every engine, then the sample check on rank 0. Every actor rank calls it."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    if engine is None:
+        client = EngineClient(engines, engine_worlds(engines))
+        engine = WeightTransferTrainerFactory.trainer_init(
+            init_info=info, client=client, source=ExportSource(export))
+    engine.send_weights()
+    if rank == 0:
+        # send_weights finished the round without a version (a second finish would finalize
+        # a reload that was never started): set it on its own, as LLM.update_weight_version
+        _call_all(engines, "call", "set_weight_version", version)
+        check_sample(engines, engine.source.sample)
+    return engine

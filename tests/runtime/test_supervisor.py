@@ -1,0 +1,128 @@
+"""Rollout engines under the supervisor, on a real Ray with logical GPUs and the torch pair
+in Ray actors: an engine killed in the middle of a generation is replaced on its bundle,
+given the current weights, and its requests retried; past max_restarts the run stops with
+an error naming the engine and its node."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from runtimekit import job_config
+
+from runtime import actors, placement, supervisor
+from runtime.interfaces import GenerationRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+    if saved is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = saved
+
+
+@pytest.fixture
+def groups(tmp_path, ray_cluster):
+    """Two training ranks on GPUs 0-1, one engine on each of GPUs 2 and 3 (disaggregated)."""
+    plan, _, config = job_config(tmp_path, cluster__gpus_per_node="4", train__colocate="false",
+                                 train__num_gpus="2")
+    group = placement.create(plan)
+    train, rollout = actors.ray_groups(config, group, cpu_threads=1)
+    yield config, group, train, rollout
+    placement.remove(group)
+
+
+PARAMS = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=24, stop_token_ids=())
+
+
+def _requests(count: int) -> list[GenerationRequest]:
+    return [GenerationRequest(prompt_ids=(1 + i % 7, 2, 3, 4 + i % 5), seed=1000 + i)
+            for i in range(count)]
+
+
+def _supervised(config, group, train, rollout, lines, **options):
+    engines = supervisor.supervise(rollout, config, group, cpu_threads=1, log=lines.append,
+                                   **options)
+    engines.restore_weights = lambda fresh: train.push_weights(fresh, 1, 1 << 20)
+    train.push_weights(engines, 1, 1 << 20)
+    return engines
+
+
+def test_an_engine_killed_mid_generation_is_replaced_and_its_requests_retried(groups):
+    import ray
+
+    config, group, train, rollout = groups
+    lines: list[str] = []
+    engines = _supervised(config, group, train, rollout, lines)
+    requests = _requests(600)
+    expected = engines.generate(requests, PARAMS)  # undisturbed: the reference samples
+
+    victim = engines.workers[0]
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(out=engines.generate(requests, PARAMS)))
+    started = time.monotonic()
+    worker.start()
+    time.sleep(0.5)  # the generation above took longer than this
+    assert worker.is_alive(), "the generation finished before the kill: make it longer"
+    ray.kill(victim, no_restart=True)
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+
+    assert engines.restarts == [1, 0]
+    assert engines.workers[0] is not victim
+    got = result["out"]
+    assert len(got) == len(requests)
+    # per-request seeds and the same weights: the retried samples are the undisturbed ones
+    assert [g.token_ids for g in got] == [g.token_ids for g in expected]
+    assert ray.get(engines.workers[0].weight_version.remote()) == 1  # weights re-pushed
+    assert any("rollout engine 0 on node 0" in line and "restart 1 of 3" in line
+               for line in lines), lines
+    assert time.monotonic() - started < 120
+
+    # the health check before a generation finds an engine that died between calls
+    ray.kill(engines.workers[1], no_restart=True)
+    again = engines.generate(requests[:10], PARAMS)
+    assert engines.restarts == [1, 1]
+    assert [g.token_ids for g in again] == [g.token_ids for g in expected[:10]]
+
+
+def test_restarts_exhausted_stop_the_run_naming_the_engine_and_its_node(groups):
+    import ray
+
+    config, group, train, rollout = groups
+    lines: list[str] = []
+    engines = _supervised(config, group, train, rollout, lines, max_restarts=1)
+    ray.kill(engines.workers[1], no_restart=True)
+    engines.generate(_requests(4), PARAMS)  # first death: replaced
+    assert engines.restarts == [0, 1]
+    ray.kill(engines.workers[1], no_restart=True)
+    with pytest.raises(supervisor.EngineFailed) as failure:
+        engines.generate(_requests(4), PARAMS)
+    message = str(failure.value)
+    assert message.startswith("rollout engine 1 on node 0: its actor died (")
+    assert "restarted 1 time(s) already (max_restarts = 1)" in message
+
+
+def test_a_hung_engine_is_found_by_the_ping_deadline(groups):
+    import ray
+
+    config, group, train, rollout = groups
+    lines: list[str] = []
+    engines = _supervised(config, group, train, rollout, lines, health_timeout_s=1.0)
+    # an engine busy with a long call cannot answer: to the supervisor it hangs
+    busy = engines.workers[0].generate.remote(_requests(600), PARAMS)
+    replaced = engines.check_health()
+    assert replaced == [0] and engines.restarts == [1, 0]
+    assert "no answer to a health check in 1 s" in lines[-1]
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(busy)  # the hung engine was killed
