@@ -54,6 +54,7 @@ from runtime.ray_bootstrap import (
     RayNode,
     RayStartupError,
     check_cluster,
+    default_auth_mode,
     gpus_by_node,
     node_address,
     temp_dir,
@@ -126,6 +127,7 @@ def run_node(ctx: NodeContext) -> None:
     started = time.time()
     launch = json.loads((ctx.job_dir / "launch.json").read_text())
     os.environ.update(launch["env"])  # [cluster.env]; job.sbatch exported them already
+    default_auth_mode(os.environ)  # for `ray start`, its workers and the driver alike
     signal.signal(signal.SIGTERM, _on_sigterm)
     ray_cfg = launch["ray"]
     plan = port_plan.plan(ctx.job_id, ray_cfg["port"], ray_cfg["dashboard_port"],

@@ -12,6 +12,8 @@ Findings this follows (shared/reference/slurm-ray.md §3.6, §5, §7):
 - Every process of this node's Ray carries VIME_RAY_NODE=<its temp dir> in its environment
   (Ray workers inherit the raylet's), so the sweep finds even processes re-parented to init,
   and only those.
+- RAY_AUTH_MODE=disabled unless the user set it (default_auth_mode): Ray 2.60 turns token
+  authentication on for `ray start --head` when ~/.ray/auth_token exists, and only there.
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ from vime.launch.ports import NodePorts, PortPlan
 
 MARKER = "VIME_RAY_NODE"
 NODE_RESOURCE = "vime_node_{}"  # a custom resource that names the job's node index
+
+
+def default_auth_mode(environ) -> None:
+    """Token authentication off for the job's Ray, unless the user chose a mode.
+
+    Ray 2.60 turns it on for `ray start --head` when RAY_AUTH_MODE is unset and
+    ~/.ray/auth_token exists (a plain ray.init() writes one), but not for `ray start
+    --address=...` nor for ray.init(address=...): the job's workers and driver are then
+    refused with "InvalidAuthToken". Without a token file Ray starts with auth off, as
+    before 2.60. RAY_AUTH_MODE=token in the environment or in [cluster.env] keeps it on (every
+    node then needs the token: ~/.ray/auth_token on a shared home, or RAY_AUTH_TOKEN)."""
+    environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 class RayStartupError(RuntimeError):

@@ -50,7 +50,8 @@ def check(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
         "nodes": len(alive), "gpus": gpus, "bundles": nodes * per_node,
         "bundles_per_node": sorted(spread.values()),
         "probe_nodes": len({p[0] for p in probes}), "probe_gpu_ids": [p[1] for p in probes],
-        "env": {k: os.environ.get(k) for k in ("RAY_ADDRESS", "VIME_TEST_ENV", "VIME_TEST_ENV2")},
+        "env": {k: os.environ.get(k) for k in ("RAY_ADDRESS", "VIME_TEST_ENV", "VIME_TEST_ENV2",
+                                                "RAY_AUTH_MODE")},
         "resume": resume, "plan_world_size": plan["cluster"]["world_size"],
         "resolved_has_name": "[experiment]" in resolved_toml,
     })

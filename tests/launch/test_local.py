@@ -47,6 +47,25 @@ def test_a_failing_driver_fails_the_job_and_says_why(tmp_path):
     assert "the test driver fails on purpose" in done.stdout
 
 
+@pytest.mark.parametrize("auth_mode", [None, "token"])
+def test_a_ray_auth_token_in_home_does_not_break_local(tmp_path, monkeypatch, auth_mode):
+    # Ray 2.60's plain ray.init() leaves ~/.ray/auth_token; `ray start --head` then turned
+    # token auth on and the workers and the driver were refused with InvalidAuthToken.
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0123456789abcdef0123456789abcdef")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    env = {"HOME": str(home), "VIME_DRIVER": f"{DRIVERS}:check"}
+    if auth_mode:  # the user's own choice stands: token auth across both nodes
+        env["RAY_AUTH_MODE"] = auth_mode
+    done = vime("submit", str(SMOKE), "--local", *spec_sets(tmp_path / "runs"), env=env)
+    folder = _folder_of(done, tmp_path / "runs" / "qwen3-30b-a3b-smoke")
+    assert done.returncode == 0, (folder / "logs" / "node-0.log").read_text()
+    seen = json.loads((folder / "driver.json").read_text())
+    assert seen["probe_nodes"] == 2
+    assert seen["env"]["RAY_AUTH_MODE"] == (auth_mode or "disabled")
+
+
 @pytest.fixture
 def ray_cluster_by_hand(tmp_path):
     """A one-node Ray cluster with 8 logical GPUs, as someone would start it by hand."""
