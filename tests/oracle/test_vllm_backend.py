@@ -81,3 +81,136 @@ def test_missing_pieces_are_errors_not_silent_zeros():
     with pytest.raises(ValueError, match="enable-return-routed-experts"):
         to_generation(_completion(routes=False), want_routes=True)
     assert to_generation(_completion(routes=False), want_routes=False).routed_experts is None
+
+
+# ------------------------------------------------------------- weight transfer, launch
+
+from vllm.config import WeightTransferConfig  # noqa: E402
+from vllm.distributed.weight_transfer.base import ParamMeta  # noqa: E402
+from vllm.distributed.weight_transfer.factory import (  # noqa: E402
+    WeightTransferEngineFactory,
+    WeightTransferTrainerFactory,
+)
+from vllm.distributed.weight_transfer.ipc_engine import (  # noqa: E402
+    IPCTrainerInitInfo,
+    IPCWeightTransferEngine,
+    IPCWeightTransferInitInfo,
+)
+from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
+    NCCLTrainerInitInfo,
+    NCCLWeightTransferEngine,
+    NCCLWeightTransferInitInfo,
+    NCCLWeightTransferUpdateInfo,
+)
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+
+from runtime import weights  # noqa: E402
+from runtime.backends import vllm_weights  # noqa: E402
+from runtime.backends.vllm_rollout import launch, weight_transfer_backend  # noqa: E402
+from runtime.slices import EngineSlice  # noqa: E402
+
+
+def _engine_slice(name: str, colocated: bool | None = None) -> EngineSlice:
+    spec = ROOT / "specs" / f"{name}.toml"
+    result = pipeline.run(Source(str(spec), spec.read_text()), [], spec.parent)
+    engine = result.plan.engines[0]
+    gpus = tuple(tuple(g) for g in engine.gpus)  # (node, gpu), vime/plan/placement.py
+    return EngineSlice(backend="vllm", engine=0, gpus=gpus, tp=engine.tp, dp=engine.dp,
+                       ep=engine.ep, model=None, max_model_len=1, cpu_threads=1,
+                       args=tuple(compiled_args(name)), bundles=tuple(range(len(gpus))),
+                       colocated=result.spec.train.colocate if colocated is None else colocated)
+
+
+def test_the_engine_starts_with_vllms_weight_transfer_config():
+    for colocated, backend in ((True, "ipc"), (False, "nccl")):
+        engine = _engine_slice("qwen3_30b_2node", colocated)
+        [rank] = launch(engine)
+        kwargs = {**engine_kwargs(engine.args), **rank.kwargs}
+        assert weight_transfer_backend(engine, kwargs) == backend
+        kwargs["weight_transfer_config"] = WeightTransferConfig(backend=backend)
+        args = EngineArgs(**kwargs)  # vLLM's own dataclass takes every key
+        assert args.weight_transfer_config.backend == backend
+        assert args.distributed_executor_backend == "ray"
+        assert args.tensor_parallel_size == 16
+        # the worker side's engine for that backend exists in vLLM's registry
+        engine_cls = {"ipc": IPCWeightTransferEngine, "nccl": NCCLWeightTransferEngine}[backend]
+        assert WeightTransferEngineFactory._registry[backend]() is engine_cls
+        assert backend in WeightTransferTrainerFactory._registry
+    # a --weight-transfer-config in inference.extra_args wins, parsed by vLLM into its config
+    user = engine_kwargs([*compiled_args("qwen3_30b"), "--weight-transfer-config",
+                          '{"backend": "nccl"}'])
+    assert weight_transfer_backend(_engine_slice("qwen3_30b"), user) == "nccl"
+
+
+def test_the_24_gpu_engine_per_dp_rank_is_what_vllms_engine_args_accept():
+    engine = _engine_slice("qwen3_30b_24gpu_eplb")
+    ranks = launch(engine, dp_master=("10.0.0.1", 29555))
+    assert len(ranks) == 3
+    for rank in ranks:
+        args = EngineArgs(**{**engine_kwargs(engine.args), **rank.kwargs})
+        assert (args.tensor_parallel_size, args.data_parallel_size) == (8, 1)
+        assert args.enable_eplb and args.distributed_executor_backend == "ray"
+        assert len(rank.env["VLLM_RAY_BUNDLE_INDICES"].split(",")) == args.tensor_parallel_size
+
+
+def test_nccl_init_infos_are_vllms_with_one_rank_range_per_engine():
+    info = vllm_weights.trainer_init_info("nccl", rank=0, bucket_bytes=256 << 20,
+                                          master=("10.0.0.1", 29600), engine_worlds=[8, 8])
+    assert isinstance(info, NCCLTrainerInitInfo) and info.backend == "nccl"
+    assert info.world_size == 17 and info.is_sender and info.packed
+    assert info.packed_buffer_size_bytes == 256 << 20
+    payloads = vllm_weights.worker_init_infos(info, [8, 8])
+    assert [p["rank_offset"] for p in payloads] == [1, 9]
+    for payload in payloads:  # what the workers' engine parses (WeightTransferEngine.parse_init_info)
+        parsed = NCCLWeightTransferInitInfo(**payload)
+        assert (parsed.master_address, parsed.master_port, parsed.world_size) == (
+            "10.0.0.1", 29600, 17)
+        assert parsed.packed_buffer_size_bytes == 256 << 20
+    with pytest.raises(ValueError, match="address and port"):
+        vllm_weights.trainer_init_info("nccl", 0, 1 << 20)
+
+
+def test_ipc_init_infos_and_update_infos_are_vllms():
+    info = vllm_weights.trainer_init_info("ipc", rank=1, bucket_bytes=512 << 20)
+    assert isinstance(info, IPCTrainerInitInfo) and not info.is_sender
+    assert vllm_weights.worker_init_infos(info, [8]) == [{"packed": True}]
+    assert IPCWeightTransferInitInfo(**{"packed": True}).packed
+    import torch
+
+    metas = [ParamMeta("model.norm.weight", torch.bfloat16, (64,)),
+             ParamMeta("model.layers.0.mlp.gate.weight", torch.bfloat16, (4, 64))]
+    nccl = vllm_weights.update_info("nccl", metas)
+    assert NCCLWeightTransferUpdateInfo(**nccl).dtype_names == ["bfloat16", "bfloat16"]
+    ipc = vllm_weights.update_info("ipc", metas, ipc_handles={"GPU-0": ()},
+                                   tensor_sizes=[128, 512])
+    assert ipc["shapes"] == [[64], [4, 64]] and ipc["tensor_sizes"] == [128, 512]
+    with pytest.raises(ValueError, match="ipc_handles"):
+        vllm_weights.update_info("ipc", metas)
+
+
+def test_the_export_is_a_weight_source_vllms_trainer_engines_accept():
+    import torch
+
+    state = {"model.norm.weight": torch.ones(8), "model.layers.0.input_layernorm.weight":
+             torch.full((8,), 2.0), "model.layers.0.mlp.gate.weight": torch.zeros(4, 8)}
+
+    def export():
+        names = list(state)
+        yield {n: state[n] for n in names[:2]}
+        yield {names[2]: state[names[2]]}
+
+    source = vllm_weights.ExportSource(export)
+    assert source.implements_iter_full() and not source.implements_iter_local()
+    assert [m.name for m in source.metadata] == list(state)
+    assert source.owned_names(0) == list(state)  # IPC needs every rank to own everything
+    assert [n for n, _ in source.iter_full()] == list(state)
+    assert sorted(source.sample) == ["model.layers.0.input_layernorm.weight",
+                                     "model.norm.weight"]
+    # vLLM's NCCL trainer engine accepts the source up to its rendezvous, which needs a GPU
+    info = vllm_weights.trainer_init_info("nccl", 1, 1 << 20, ("127.0.0.1", 1), [1])
+    client = vllm_weights.EngineClient([], [])
+    engine = WeightTransferTrainerFactory.trainer_init(init_info=info, client=client,
+                                                       source=source)
+    assert not engine.is_sender  # rank 1: no rendezvous, no RPC; only rank 0 sends
+    assert weights.sample_names(state) == ["model.norm.weight",
+                                           "model.layers.0.input_layernorm.weight"]
