@@ -6,6 +6,7 @@ submitted held and released once its folder is complete."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from vime import __version__
 from vime.emit import build, sbatch
-from vime.launch import jobdir, ports
+from vime.launch import jobdir, paths, ports
 from vime.launch.jobdir import JobFolder
 
 DEFAULT_DRIVER = "runtime.driver:run"
@@ -51,7 +52,10 @@ def experiment_dir(output_dir: str, name: str) -> Path:
 
 
 def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher: str) -> Prepared:
-    spec, plan = result.spec, result.plan
+    # the job runs elsewhere (another node, another working folder): its files get absolute
+    # paths, while `vime compile`'s stay as written (vime/launch/paths.py)
+    spec = paths.absolute(result.spec, Path(source_name).resolve().parent, Path.cwd())
+    plan = dataclasses.replace(result.plan, spec=spec)
     folder = experiment_dir(spec.experiment.output_dir, spec.experiment.name)
     script = sbatch.render(plan, python=sys.executable)
     compiled = build.files(plan, source_name, source_text, plan_obj, "<job folder>")

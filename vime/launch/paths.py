@@ -1,0 +1,52 @@
+"""The spec's paths made absolute for a submitted job.
+
+`vime compile` writes the paths as the user wrote them, so that a build folder (and the
+goldens in tests/golden/) is the same on every machine. A submitted job runs elsewhere: on
+Slurm in the experiment folder on another node, with another working folder. So `vime
+submit` writes its job folder's resolved.toml, megatron.args and vllm.args with every
+relative path made absolute, from the folder it was relative to:
+
+  data.prompt_data, model.hf_checkpoint, model.torch_dist_checkpoint, model.load, model.save
+      the spec's folder, as the compiler reads config.json; a path found only in the folder
+      vime runs in is taken from there, as the runtime did for `--local`
+      (runtime/slices.py, _path). model.hf_checkpoint only when it exists here: otherwise
+      it may be a Hugging Face model id, which vLLM resolves itself.
+  experiment.output_dir
+      the folder vime runs in: the job folder is made there (submit.experiment_dir).
+
+logging.tensorboard_dir stays as written: the runtime reads a relative one from the job
+folder, wherever the job runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from vime.resolve.spec import Spec
+
+
+def _from_spec(value: str | None, spec_dir: Path, cwd: Path) -> str | None:
+    if value is None:
+        return None
+    path = Path(os.path.expanduser(value))
+    if path.is_absolute():
+        return str(path)
+    if (spec_dir / path).exists() or not (cwd / path).exists():
+        return os.path.normpath(spec_dir / path)
+    return os.path.normpath(cwd / path)
+
+
+def absolute(spec: Spec, spec_dir: Path, cwd: Path) -> Spec:
+    """spec with the paths above absolute; everything else, and the input, unchanged."""
+    model, data, experiment = spec.model, spec.data, spec.experiment
+    hf = _from_spec(model.hf_checkpoint, spec_dir, cwd)
+    model = dataclasses.replace(
+        model, hf_checkpoint=hf if Path(hf).exists() else model.hf_checkpoint,
+        **{key: _from_spec(getattr(model, key), spec_dir, cwd)
+           for key in ("torch_dist_checkpoint", "load", "save")})
+    data = dataclasses.replace(data, prompt_data=_from_spec(data.prompt_data, spec_dir, cwd))
+    output_dir = os.path.normpath(cwd / os.path.expanduser(experiment.output_dir))
+    experiment = dataclasses.replace(experiment, output_dir=output_dir)
+    return dataclasses.replace(spec, model=model, data=data, experiment=experiment)
