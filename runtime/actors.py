@@ -150,11 +150,45 @@ def _call_all(handles: Sequence, method: str, *args, per_handle: Sequence | None
     """Call method on every host (Ray actors in parallel) and return the results in order.
     per_handle: one argument tuple per host instead of the same args for all."""
     calls = per_handle if per_handle is not None else [args] * len(handles)
+    from runtime import spmd
+
+    if handles and isinstance(handles[0], spmd.RankHandle):  # a torchrun world, from rank 0
+        return spmd.call_all(_SPMD_WORKER[0], method, calls)
     if handles and _is_ray(handles[0]):
         import ray
 
         return ray.get([getattr(h, method).remote(*a) for h, a in zip(handles, calls, strict=True)])
     return [getattr(h, method)(*a) for h, a in zip(handles, calls, strict=True)]
+
+
+# rank 0's own TrainWorker when the ranks are a torchrun world (spmd_group)
+_SPMD_WORKER: list = [None]
+
+
+def spmd_group(config: JobConfig, rank: int, cpu_threads: int = 1) -> TrainGroup | None:
+    """The training ranks as the processes of one torchrun world (runtime/spmd.py): every
+    process calls this; rank 0 gets the group, the others serve rank 0's calls and get None
+    when it stops them."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from runtime import spmd
+
+    if not dist.is_initialized():  # torchrun's environment (MASTER_ADDR, RANK, WORLD_SIZE)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    worker = TrainWorker(config.train_backend)
+    worker.init(config.train_slice(rank, os.environ["MASTER_ADDR"],
+                                   int(os.environ["MASTER_PORT"]), cpu_threads))
+    if rank != 0:
+        spmd.follow(worker)
+        return None
+    _SPMD_WORKER[0] = worker
+    return TrainGroup.from_plan([spmd.RankHandle(r) for r in range(len(config.ranks))],
+                                config.ranks)
 
 
 def split(count: int, parts: int) -> list[range]:
@@ -169,25 +203,49 @@ def split(count: int, parts: int) -> list[range]:
 
 
 class TrainGroup:
-    """Every rank of the actor; each call goes to all ranks with their share of the samples."""
+    """Every rank of the actor. A call goes to all ranks; the ranks of one data-parallel
+    replica (its tensor-parallel ranks) get the same share of the samples, and one of them
+    (tensor rank 0) reports for the replica."""
 
-    def __init__(self, workers: Sequence):
+    def __init__(self, workers: Sequence, data_ranks: Sequence[int] | None = None,
+                 reporting: Sequence[bool] | None = None):
         self.workers = list(workers)
+        self.data_ranks = list(data_ranks) if data_ranks is not None else list(range(len(workers)))
+        self.reporting = list(reporting) if reporting is not None else [True] * len(workers)
+        self.replicas = max(self.data_ranks) + 1
+        if sorted(d for d, r in zip(self.data_ranks, self.reporting, strict=True) if r) \
+                != list(range(self.replicas)):
+            raise ValueError("every data-parallel replica needs exactly one reporting rank: "
+                             f"dp {self.data_ranks}, reporting {self.reporting}")
+
+    @classmethod
+    def from_plan(cls, workers: Sequence, ranks: Sequence) -> TrainGroup:
+        """With the plan's coordinates of each rank (plan.json's train.ranks)."""
+        return cls(workers, [r.get("dp", i) for i, r in enumerate(ranks)],
+                   [r.get("tp", 0) == 0 and r.get("cp", 0) == 0 for r in ranks])
 
     @property
     def size(self) -> int:
         return len(self.workers)
 
+    def _shares(self, batch: TrainBatch) -> list[TrainBatch]:
+        shares = split(len(batch), self.replicas)
+        return [batch.select(shares[d]) for d in self.data_ranks]
+
+    def _reports(self, results: list) -> list:
+        """One result per replica, in replica order."""
+        by_replica = {d: r for d, r, on in zip(self.data_ranks, results, self.reporting,
+                                                strict=True) if on}
+        return [by_replica[d] for d in range(self.replicas)]
+
     def log_probs(self, batch: TrainBatch, model: str) -> list[list[float]]:
-        shares = split(len(batch), self.size)
         results = _call_all(self.workers, "log_probs",
-                            per_handle=[(batch.select(s), model) for s in shares])
-        return [values for part in results for values in part]
+                            per_handle=[(share, model) for share in self._shares(batch)])
+        return [values for part in self._reports(results) for values in part]
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        shares = split(len(batch), self.size)
-        results = _call_all(self.workers, "train_step",
-                            per_handle=[(batch.select(s),) for s in shares])
+        results = self._reports(_call_all(self.workers, "train_step",
+                                          per_handle=[(s,) for s in self._shares(batch)]))
         combined = {k: v for k, v in results[0].items() if k.startswith("step/")}
         for key in results[0]:
             if not key.startswith("step/"):
@@ -287,7 +345,7 @@ def ray_groups(config: JobConfig, placement, cpu_threads: int) -> tuple[TrainGro
     ray.get([e.start.remote(config.engine_slice(i, cpu_threads,
                                                 engine_bundles(config, placement, i)))
              for i, e in enumerate(engines)])
-    return TrainGroup(trainers), RolloutGroup(engines)
+    return TrainGroup.from_plan(trainers, config.ranks), RolloutGroup(engines)
 
 
 def _on(placement, bundle: int, share: float, children: bool) -> dict:

@@ -24,6 +24,8 @@ class ModelSlice:
     arch: MappingProxyType  # HF config.json keys ([model.arch] of resolved.toml)
     random_init: bool  # build from arch with `seed` instead of loading hf_checkpoint
     seed: int
+    # made by `vime convert`: the Megatron backend loads it under its own layout
+    torch_dist_checkpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,9 @@ class JobConfig:
         model_slice = ModelSlice(
             hf_checkpoint=str(checkpoint if checkpoint.exists() else model["hf_checkpoint"]),
             arch=MappingProxyType(dict(model.get("arch", {}))),
-            random_init=bool(model.get("random_init", False)), seed=int(exp["seed"]))
+            random_init=bool(model.get("random_init", False)), seed=int(exp["seed"]),
+            torch_dist_checkpoint=(str(_path(model["torch_dist_checkpoint"], spec_dir))
+                                   if model.get("torch_dist_checkpoint") else None))
         optimizer = train["optimizer"]
         tensorboard = logging.get("tensorboard_dir")
         return JobConfig(

@@ -67,13 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = verbs.add_parser("cancel", help="cancel a submitted job; its nodes stop their Ray")
     cancel.add_argument("job", help="Slurm job id or job folder")
     convert = verbs.add_parser("convert", help="HF safetensors <-> Megatron torch_dist with the "
-                               "spec's architecture (runs here, on one GPU)")
+                               "spec's architecture and parallel layout (runs here, one GPU per rank)")
     _spec_options(convert)
     convert.add_argument("--to", choices=("torch_dist", "hf"), default="torch_dist",
                          help="torch_dist: model.hf_checkpoint -> model.torch_dist_checkpoint; "
                          "hf: back (default target: <torch_dist_checkpoint>_hf)")
     convert.add_argument("-o", "--output", help="target folder (never overwritten)")
     convert.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    convert.add_argument("--single-gpu", action="store_true",
+                         help="save with tp = ep = 1 from one process (megatron-core reshards "
+                              "it on load, slowly for expert parallelism)")
     return parser
 
 
@@ -191,6 +194,7 @@ def cmd_submit(args) -> int:
 
 def cmd_convert(args) -> int:
     import json
+    import math
     import shlex
     import subprocess
     import tempfile
@@ -213,10 +217,19 @@ def cmd_convert(args) -> int:
         target = args.output or model.torch_dist_checkpoint.rstrip("/") + "_hf"
     if Path(target).exists():
         raise UsageError(f"{target} exists; vime convert never overwrites a checkpoint")
+    parallel = result.spec.train.parallel
+    layout = ({"tp": 1, "ep": 1, "etp": 1} if args.single_gpu else
+              {"tp": parallel.tp, "ep": parallel.ep, "etp": parallel.etp})
+    # the smallest world that holds the layout: megatron-core needs tp and ep × etp to
+    # divide it (pp = cp = 1 for the Megatron backend, V905), one GPU per rank
+    world = math.lcm(layout["tp"], layout["ep"] * layout["etp"])
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="vime-arch-", delete=False) as fh:
         json.dump(arch_as_config(result.spec), fh)
-    command = [sys.executable, "-m", "runtime.megatron.convert", "--to", args.to,
-               "--arch", fh.name, source, target]
+    launcher = [sys.executable] if world == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={world}"]
+    command = [*launcher, "-m", "runtime.megatron.convert", "--to", args.to,
+               *(f"--{k}={v}" for k, v in layout.items()), "--arch", fh.name, source, target]
     print(" ".join(shlex.quote(part) for part in command))
     if args.dry_run:
         Path(fh.name).unlink(missing_ok=True)

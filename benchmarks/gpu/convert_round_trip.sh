@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# On a GPU: `vime convert` HF -> torch_dist -> HF on a random Qwen3-MoE made by transformers,
+# On GPUs: `vime convert` HF -> torch_dist -> HF on a random Qwen3-MoE made by transformers,
 # then compare every tensor with the original. Run from the repository root with vime, its
 # dependencies and megatron-core importable. Prints one JSON line.
+#   TO_TORCH_DIST / TO_HF: the --set options of each direction (the layouts; one GPU per rank
+#   of lcm(tp, ep × etp)); different layouts make megatron-core reshard on the way back.
 set -euo pipefail
 work=$(mktemp -d)
 python3 - "$work" <<'PY'
@@ -20,9 +22,11 @@ spec = spec.replace('torch_dist_checkpoint = "/root/Qwen3-30B-A3B_torch_dist"',
 spec = spec.replace('preset = "qwen3-30b-a3b"', "")
 open(f"{work}/spec.toml", "w").write(spec)
 PY
-sets=(--set train.parallel.ep=8 --set train.parallel.tp=4 --set cluster.gpu=H200 --set rollout.max_response_len=1024)
-python3 -m vime convert "$work/spec.toml" "${sets[@]}" --format concise
-python3 -m vime convert "$work/spec.toml" "${sets[@]}" --to hf --format concise
+common=(--set cluster.gpu=H200 --set rollout.max_response_len=1024)
+read -r -a to_dist <<< "${TO_TORCH_DIST:---single-gpu}"
+read -r -a to_hf <<< "${TO_HF:---single-gpu}"
+python3 -m vime convert "$work/spec.toml" "${common[@]}" "${to_dist[@]}" --format concise
+python3 -m vime convert "$work/spec.toml" "${common[@]}" "${to_hf[@]}" --to hf --format concise
 python3 - "$work" <<'PY'
 import json, sys, torch
 from safetensors.torch import load_file

@@ -2,27 +2,45 @@
 DistributedDataParallel and distributed optimizer, the GRPO loss of runtime/algorithm.py, and
 rollout routing replay through megatron-core's RouterReplay.
 
-What runs today (docs/gpu-runs.md): one rank per model replica with tp = pp = cp = ep = 1
-(data parallel over ranks through the DDP wrapper). Larger layouts need the weights loaded
-from a torch_dist checkpoint under the rank's layout and exported by gathering shards; both
-are refused here with a clear error until they are written (issue 7).
+Layouts: tensor parallel, expert parallel (with its own expert-tensor size) and data parallel,
+as the plan gives them; every rank is one Ray actor and joins megatron-core's groups through
+`initialize_model_parallel` with the plan's sizes (the plan's rank order is megatron's,
+checked by tests/oracle/test_megatron_groups.py). Pipeline and context parallel are refused
+(a compile-time error too: they need the pipeline schedules and ring attention, not written).
+Sequence parallel is on whenever tp > 1 (megatron-core refuses to train MoE with tensor
+parallelism without it), with runtime/megatron/model.py's RMSNorm in the local layer spec.
+
+- Weights: a torch_dist checkpoint (`vime convert`) is loaded by dist-checkpointing, which
+  reshards it to this rank's layout; HF weights (or the seeded random ones) are cut into
+  this rank's pieces by runtime/megatron/shards.py, and gathered the same way to export.
+- Data: the ranks of one data-parallel replica get the same samples (TrainGroup splits by
+  the dp coordinate); the loss is divided by the step's tokens on every replica and
+  megatron's DDP sums gradients (calculate_per_token_loss), so the sum is the step's mean.
+- Log-probs under tensor parallelism are computed on vocabulary-parallel logits (max, sum
+  of exponentials and the target's logit reduced over the tensor group) without gathering
+  the vocabulary.
+- Ranks that share an expert group must run the same number of forwards (the all-to-all is
+  collective): every rank runs the largest count, padding with a masked repeat of a sample.
 
 Batching, log-prob picking and the loss are the torch backend's
-(runtime/backends/torch_train.py, through its hooks _forward, _begin_step, _before_backward
-and _finish_step); the model, the optimizer and the device memory handling are Megatron's.
+(runtime/backends/torch_train.py, through its hooks _forward, _token_terms, _begin_step,
+_before_backward and _finish_step); the model, the optimizer and the device memory handling
+are Megatron's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from runtime.backends.torch_train import TorchTrainingBackend
+from runtime.backends.torch_train import PAD, TorchTrainingBackend
 from runtime.interfaces import TrainBatch
-from runtime.megatron.mapping import hf_to_megatron, megatron_to_hf, unfuse_experts
+from runtime.megatron import shards
+from runtime.megatron.mapping import hf_to_megatron, tensor_to_hf, unfuse_experts
 from runtime.megatron.model import build_gpt, transformer_config
 from runtime.routing import ReplayLayout, local_routes, per_layer
 from runtime.slices import TrainSlice
@@ -51,10 +69,11 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from megatron.core.transformer.module import Float16Module
 
-        sizes = {k: slice.parallel[k] for k in ("tp", "pp", "cp", "ep", "etp")}
-        if any(size != 1 for size in sizes.values()):
-            raise NotImplementedError(
-                f"the Megatron backend runs tp = pp = cp = ep = etp = 1 today; the plan has {sizes}")
+        tp, ep, etp = (slice.parallel[k] for k in ("tp", "ep", "etp"))
+        if slice.parallel["pp"] != 1 or slice.parallel["cp"] != 1:
+            raise NotImplementedError(  # also V905 at compile time
+                "the Megatron backend runs pp = cp = 1; the plan has "
+                f"pp = {slice.parallel['pp']}, cp = {slice.parallel['cp']}")
         self.slice = slice
         self.device = torch.device("cuda", torch.cuda.current_device())
         if not dist.is_initialized():
@@ -62,27 +81,21 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             dist.init_process_group("nccl", init_method=f"tcp://{slice.master_addr}:{port}",
                                     rank=slice.rank, world_size=slice.world_size)
         if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(1, 1)
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                expert_tensor_parallel_size=etp)
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.tp_rank, self.tp = parallel_state.get_tensor_model_parallel_rank(), tp
         model_parallel_cuda_manual_seed(slice.model.seed)
         torch.manual_seed(slice.model.seed)
         self.arch = arch_from_config(dict(slice.model.arch))
-        self.config = transformer_config(self.arch, slice.recompute,
-                                         moe_enable_routing_replay=slice.routing_replay
-                                         and self.arch.is_moe)
+        self.config = transformer_config(
+            self.arch, slice.recompute, tensor_model_parallel_size=tp,
+            expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
+            sequence_parallel=tp > 1, calculate_per_token_loss=True,
+            moe_enable_routing_replay=slice.routing_replay and self.arch.is_moe)
         self.gpt = build_gpt(self.arch, self.config, self.arch.max_position_embeddings).cuda()
-        if slice.model.random_init:
-            # the same seeded weights the torch rollout backend builds, so that the engines
-            # and the actor start from one policy
-            from runtime.backends import torch_model
-
-            hf = unfuse_experts(torch_model.build_model(slice.model, torch.device("cpu")).state_dict())
-        else:
-            from runtime.megatron.convert import read_hf
-
-            hf = read_hf(Path(slice.model.hf_checkpoint))
-        weights = hf_to_megatron(hf, self.arch)
-        self.gpt.load_state_dict({k: v.to(self.device, torch.bfloat16)
-                                  for k, v in weights.items()}, strict=False)
+        self._load_initial_weights(slice.model)
         self.model = DistributedDataParallel(
             self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True,
                                                        use_distributed_optimizer=True),
@@ -101,13 +114,44 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         self.offloaded = False
         self._host: dict | None = None
 
+    def _load_initial_weights(self, model) -> None:
+        if model.torch_dist_checkpoint and Path(model.torch_dist_checkpoint).is_dir():
+            from megatron.core import dist_checkpointing
+
+            # dist-checkpointing reshards the saved layout to this rank's (vime_layout.json
+            # says which layout it was saved with; V705 warns at compile time when it differs)
+            state = dist_checkpointing.load(self.gpt.sharded_state_dict(),
+                                            model.torch_dist_checkpoint)
+            self.gpt.load_state_dict(state, strict=False)
+            return
+        if model.random_init:
+            # the same seeded weights the torch rollout backend builds, so that the engines
+            # and the actor start from one policy
+            from runtime.backends import torch_model
+
+            hf = unfuse_experts(torch_model.build_model(model, torch.device("cpu")).state_dict())
+        else:
+            from runtime.megatron.convert import read_hf
+
+            hf = read_hf(Path(model.hf_checkpoint))
+        shards.fill(self.gpt, {k: v.to(torch.bfloat16)
+                               for k, v in hf_to_megatron(hf, self.arch).items()})
+
     # --------------------------------------------------------------------------- batching
 
     def _micro_batches(self, batch: TrainBatch) -> list[list[int]]:
         # replayed routes are laid out per packed sequence: one sample per forward
         if self.slice.routing_replay and batch.routed_experts is not None:
-            return [[i] for i in range(len(batch))]
-        return super()._micro_batches(batch)
+            groups = [[i] for i in range(len(batch))]
+        else:
+            groups = super()._micro_batches(batch)
+        if self.slice.world_size > 1:
+            # the expert all-to-all is collective: every rank runs as many forwards as the
+            # busiest one, the extra ones on a masked repeat (PAD) of a sample
+            count = torch.tensor([len(groups)], device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            groups += [[PAD]] * (int(count) - len(groups))
+        return groups
 
     def _replay(self, batch: TrainBatch, indices: list[int], width: int) -> None:
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
@@ -118,15 +162,18 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             RouterReplay.clear_global_router_replay_action()
             return
         (index,) = indices
+        # the sample padded to `width` (a multiple of tp), then this rank's slice of it
+        layout = ReplayLayout(tp=self.tp, sequence_parallel=self.tp > 1, pad_multiple=width)
         routes = local_routes([batch.routed_experts[index]], [len(batch.tokens[index])],
-                              self.arch.num_moe_layers, ReplayLayout())
-        routes = routes[:width]
+                              self.arch.num_moe_layers, layout, tp_rank=self.tp_rank)
         RouterReplay.set_replay_data([torch.from_numpy(a).to(self.device) for a in per_layer(routes)])
         RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
     def _forward(self, batch: TrainBatch, indices: list[int], params=None):
         tokens = [batch.tokens[i] for i in indices]
         ids, _attention = self._padded(tokens)  # causal: right padding reaches no real token
+        if ids.shape[1] % self.tp:  # sequence parallel splits the sequence over tp
+            ids = torch.nn.functional.pad(ids, (0, self.tp - ids.shape[1] % self.tp))
         width = ids.shape[1]
         positions = torch.arange(width, device=self.device).unsqueeze(0).expand(len(tokens), -1)
         self._replay(batch, indices, width)
@@ -146,6 +193,43 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         return self._pick_responses(logits, ids, [batch.prompt_lens[i] for i in indices],
                                     [len(t) for t in tokens])
 
+    def _target_log_probs(self, logits, targets):
+        if self.tp == 1:
+            return super()._target_log_probs(logits, targets)
+        return self._vocab_parallel(logits, targets, entropy=False)[0]
+
+    def _token_terms(self, logits, targets):
+        if self.tp == 1:
+            return super()._token_terms(logits, targets)
+        return self._vocab_parallel(logits, targets, entropy=True)
+
+    def _vocab_parallel(self, logits, targets, entropy: bool):
+        """Log-probs (and the entropy) from vocabulary-parallel logits (each tensor-parallel
+        rank holds V / tp columns): reductions over the tensor group, forward all-reduce and
+        backward identity (megatron's reduce_from_tensor_model_parallel_region), as its
+        vocab_parallel_cross_entropy does."""
+        from megatron.core.tensor_parallel.mappings import (
+            reduce_from_tensor_model_parallel_region as reduce,
+        )
+
+        logits = logits.float()
+        with torch.no_grad():
+            peak = logits.max(dim=-1, keepdim=True).values
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.tp_group)
+        shifted = logits - peak
+        log_total = reduce(shifted.exp().sum(dim=-1, keepdim=True), group=self.tp_group).log()
+        part = logits.shape[-1]
+        local = targets - self.tp_rank * part
+        inside = (local >= 0) & (local < part)
+        mine = shifted.gather(-1, local.clamp(0, part - 1).unsqueeze(-1)).squeeze(-1)
+        log_probs = reduce(mine * inside, group=self.tp_group) - log_total.squeeze(-1)
+        if not entropy:
+            return log_probs, None
+        with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.slice.loss.entropy_coef)):
+            log_p = shifted - log_total
+            entropy_values = -reduce((log_p.exp() * log_p).sum(dim=-1), group=self.tp_group)
+        return log_probs, entropy_values
+
     # -------------------------------------------------------------------------- training
 
     def _begin_step(self) -> None:
@@ -162,22 +246,32 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_BACKWARD)
 
     def _finish_step(self) -> dict[str, float]:
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
         RouterReplay.clear_global_indices()
         RouterReplay.clear_global_router_replay_action()
-        self.model.finish_grad_sync()  # DDP's reduction over the data-parallel ranks
+        # DDP's reduction over the data-parallel ranks, then the sums over the tensor group of
+        # the replicated weights (sequence-parallel norms, q/k norms)
+        finalize_model_grads([self.model])
         _ok, grad_norm, _zeros = self.optimizer.step()  # clips by clip_grad, then Adam
         return {"step/grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
                 "step/lr": self.slice.optimizer.lr}
 
     # --------------------------------------------------------------------------- weights
 
-    def _weights(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
-
-    def _hf_weights(self):
-        return megatron_to_hf(self._weights(), self.arch).items()
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict]:
+        """Full tensors gathered from every rank (a collective: all ranks iterate), sent by
+        rank 0 under HF names."""
+        with self._readable():
+            for bucket in shards.gather(self.gpt, bucket_bytes):
+                if self.slice.rank != 0:
+                    continue
+                out = {}
+                for name, tensor in bucket.items():
+                    out.update({k: v.to("cpu", copy=True).contiguous()
+                                for k, v in tensor_to_hf(name, tensor, self.arch).items()})
+                yield out
 
     # --------------------------------------------------------------------------- offload
 
@@ -240,9 +334,25 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         torch.save({"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all()},
                    path / f"rng_rank{self.slice.rank}.pt")
 
+    def _fresh_adam_state(self) -> None:
+        """A resumed job loads into an optimizer that has not stepped: give torch's Adam the
+        state it would have after a step (zeros, step 0), which the load then overwrites.
+        megatron-core's DistributedOptimizer.state_dict reads every state's "step" when
+        neither Apex nor Transformer Engine is installed (distrib_optimizer.py, "assert
+        len(steps) == 1"), and its init_state_fn leaves "step" out."""
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            inner = optimizer.optimizer
+            for group in inner.param_groups:
+                for param in group["params"]:
+                    if not inner.state[param]:
+                        inner.state[param] = {"step": torch.tensor(0.0),
+                                              "exp_avg": torch.zeros_like(param.data),
+                                              "exp_avg_sq": torch.zeros_like(param.data)}
+
     def load(self, path: Path) -> None:
         from megatron.core import dist_checkpointing
 
+        self._fresh_adam_state()
         with self._readable():
             model_state = self.gpt.sharded_state_dict()
             state = dist_checkpointing.load(

@@ -27,6 +27,10 @@ from runtime.backends import torch_model
 from runtime.interfaces import TrainBatch, TrainingBackend
 from runtime.slices import TrainSlice
 
+# A micro-batch [PAD] runs sample 0 again with its mask cleared: backends whose ranks share
+# collectives inside the forward (Megatron's expert all-to-all) pad to the same count.
+PAD = -1
+
 SUM_STATS = ("pg_loss", "clipped_tokens", "ppo_kl", "kl", "entropy", "tis_weight",
              "tis_truncated_tokens", "rollout_abs_diff")
 
@@ -46,7 +50,7 @@ class TorchTrainingBackend(TrainingBackend):
         torch_model.set_threads(slice.cpu_threads)
         self.slice = slice
         self.device = torch_model.device_for_this_process()
-        if slice.world_size > 1:
+        if slice.world_size > 1 and not dist.is_initialized():  # torchrun may have made it
             dist.init_process_group(
                 "nccl" if self.device.type == "cuda" else "gloo",
                 init_method=f"tcp://{slice.master_addr}:{slice.master_port}",
@@ -147,9 +151,12 @@ class TorchTrainingBackend(TrainingBackend):
         self.model.eval()
         with torch.no_grad():
             for indices in self._micro_batches(batch):
+                if indices == [PAD]:  # only keeps the ranks' collectives in step
+                    self._forward(batch, [0], self.ref if model == "ref" else None)
+                    continue
                 logits, targets, mask = self._forward(batch, indices,
                                                       self.ref if model == "ref" else None)
-                values = algorithm.token_log_probs(logits, targets)
+                values = self._target_log_probs(logits, targets)
                 for row, index in enumerate(indices):
                     out[index] = values[row][mask[row]].tolist()
         return out
@@ -174,7 +181,11 @@ class TorchTrainingBackend(TrainingBackend):
             return out.to(self.device)
 
         for indices in self._micro_batches(batch):
+            padding = indices == [PAD]  # sample 0 again, its loss masked out
+            indices = [0] if padding else indices
             logits, targets, mask = self._forward(batch, indices)
+            if padding:
+                mask = torch.zeros_like(mask)
             width = mask.shape[1]
             log_probs, entropy = self._token_terms(logits, targets)
             old = padded(batch.old_log_probs, indices, width)
@@ -195,6 +206,10 @@ class TorchTrainingBackend(TrainingBackend):
             sums["response_tokens"] += float(mask.sum())
         sums.update(self._finish_step())
         return sums
+
+    def _target_log_probs(self, logits, targets):
+        """Log-probs of the targets only (no entropy): the log-prob passes."""
+        return algorithm.token_log_probs(logits, targets)
 
     def _token_terms(self, logits, targets):
         """Log-probs of the targets and the entropy, from one log-softmax over the vocabulary

@@ -1,14 +1,19 @@
 """HF safetensors <-> Megatron torch_dist, with the mapping of runtime/megatron/mapping.py.
 
     python -m runtime.megatron.convert --to torch_dist --arch ARCH.json SRC DST
+    torchrun --nproc-per-node N -m runtime.megatron.convert --to torch_dist \
+        --tp T --ep E --etp X --arch ARCH.json SRC DST
     python -m runtime.megatron.convert --to hf --arch ARCH.json SRC DST
 
-`vime convert SPEC` runs this with the spec's architecture and checkpoint paths. It runs as
-one process on one GPU (megatron-core's dist-checkpoint writer synchronises CUDA): the model
-is built at tensor/expert parallel size 1 and the checkpoint's layout is recorded in
-`vime_layout.json` beside it; megatron-core reshards weights when the training job loads it
-under its own tp/pp/ep (shared/reference/megatron.md §6). The folder appears only when
-complete (written to a temporary sibling, then renamed).
+`vime convert SPEC` runs this with the spec's architecture, checkpoint paths and parallel
+layout: one process per GPU of the layout (world = lcm(tp, ep × etp), one GPU each, as
+megatron-core's NCCL groups need), every rank cutting its pieces out of the HF tensors
+(runtime/megatron/shards.py) and dist-checkpointing writing them. The checkpoint is thus
+saved with the training run's layout, which is what the seed asks for: loading a torch_dist
+checkpoint under another expert-parallel size is resharded by megatron-core and is very
+slow or hangs. The layout is recorded in `vime_layout.json` beside the checkpoint, where
+`vime compile` reads it (V705). Back to HF, the ranks gather the full tensors and rank 0
+writes them. The folder appears only when complete (a temporary sibling, then renamed).
 """
 
 from __future__ import annotations
@@ -23,25 +28,43 @@ from pathlib import Path
 
 import torch
 
-from runtime.megatron.mapping import hf_to_megatron, megatron_to_hf, unfuse_experts
+from runtime.megatron import shards
+from runtime.megatron.mapping import hf_to_megatron, tensor_to_hf, unfuse_experts
 from runtime.megatron.model import build_gpt, transformer_config
 from vime.resolve.model import Arch, arch_from_config
 
 LAYOUT_FILE = "vime_layout.json"
 
 
-def _init_single_process() -> None:
+def _init(layout: dict[str, int]) -> None:
+    """One rank of the conversion: torchrun's environment, or a single process."""
     from megatron.core import parallel_state
 
     if not torch.distributed.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29531")
-        torch.distributed.init_process_group("nccl", world_size=1, rank=0)
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=layout["tp"], expert_model_parallel_size=layout["ep"],
+            expert_tensor_parallel_size=layout["etp"])
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
         model_parallel_cuda_manual_seed(0)  # weights are overwritten; the RNG only must exist
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank()
+
+
+def _staging(out: Path) -> Path:
+    """One temporary sibling of out, named by rank 0 for every rank."""
+    name = [tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent) if _rank() == 0 else None]
+    torch.distributed.broadcast_object_list(name, src=0)
+    return Path(name[0])
 
 
 def read_hf(folder: Path) -> dict[str, torch.Tensor]:
@@ -55,8 +78,10 @@ def read_hf(folder: Path) -> dict[str, torch.Tensor]:
     return unfuse_experts(tensors)
 
 
-def _model(arch: Arch):
-    config = transformer_config(arch)
+def _model(arch: Arch, layout: dict[str, int]):
+    config = transformer_config(arch, tensor_model_parallel_size=layout["tp"],
+                                expert_model_parallel_size=layout["ep"],
+                                expert_tensor_parallel_size=layout["etp"])
     return build_gpt(arch, config, arch.max_position_embeddings).to(torch.bfloat16).cuda()
 
 
@@ -66,34 +91,44 @@ def _publish(staging: Path, target: Path) -> None:
     os.replace(staging, target)
 
 
-def hf_to_torch_dist(hf_dir: Path, out: Path, arch: Arch) -> None:
+def hf_to_torch_dist(hf_dir: Path, out: Path, arch: Arch, layout: dict[str, int]) -> None:
     from megatron.core import dist_checkpointing
 
-    _init_single_process()
-    model = _model(arch)
-    model.load_state_dict({k: v.cuda() for k, v in hf_to_megatron(read_hf(hf_dir), arch).items()},
-                          strict=False)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    _init(layout)
+    model = _model(arch, layout)
+    full = hf_to_megatron(read_hf(hf_dir), arch)
+    shards.fill(model, {k: v.to(torch.bfloat16) for k, v in full.items()})
+    del full
+    staging = _staging(out)
     try:
         dist_checkpointing.save(model.sharded_state_dict(), str(staging))
-        (staging / LAYOUT_FILE).write_text(json.dumps(
-            {"tp": 1, "pp": 1, "ep": 1, "etp": 1, "source": str(hf_dir), "format": "torch_dist",
-             "spec": "megatron-core GPTModel, local layer spec"}, indent=1) + "\n")
-        _publish(staging, out)
+        torch.distributed.barrier()
+        if _rank() == 0:
+            (staging / LAYOUT_FILE).write_text(json.dumps(
+                {**layout, "pp": 1, "source": str(hf_dir), "format": "torch_dist",
+                 "spec": "megatron-core GPTModel, local layer spec"}, indent=1) + "\n")
+            _publish(staging, out)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        torch.distributed.barrier()
+        if _rank() == 0:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
-def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, config_json: dict | None = None) -> None:
+def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, int],
+                     config_json: dict | None = None) -> None:
     from megatron.core import dist_checkpointing
     from safetensors.torch import save_file
 
-    _init_single_process()
-    model = _model(arch)
+    _init(layout)
+    model = _model(arch, layout)
     model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), str(dist_dir)),
                           strict=False)
-    weights = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    hf = {k: v.contiguous().cpu() for k, v in megatron_to_hf(weights, arch).items()}
+    hf: dict[str, torch.Tensor] = {}
+    for bucket in shards.gather(model, 1 << 30):
+        for name, tensor in bucket.items():
+            hf.update({k: v.contiguous().cpu() for k, v in tensor_to_hf(name, tensor, arch).items()})
+    if _rank() != 0:
+        return
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         save_file(hf, str(staging / "model.safetensors"), metadata={"format": "pt"})
@@ -108,17 +143,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.megatron.convert")
     parser.add_argument("--to", choices=("torch_dist", "hf"), required=True)
     parser.add_argument("--arch", required=True, help="a JSON file of HF config.json keys")
+    for size in ("tp", "ep", "etp"):
+        parser.add_argument(f"--{size}", type=int, default=1,
+                            help=f"the layout's {size} (the world must hold it)")
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
     args = parser.parse_args(argv)
     config = json.loads(Path(args.arch).read_text())
     arch = arch_from_config(config)
+    layout = {"tp": args.tp, "ep": args.ep, "etp": args.etp}
     args.target.parent.mkdir(parents=True, exist_ok=True)
     if args.to == "torch_dist":
-        hf_to_torch_dist(args.source, args.target, arch)
+        hf_to_torch_dist(args.source, args.target, arch, layout)
     else:
-        torch_dist_to_hf(args.source, args.target, arch, config)
-    print(f"wrote {args.target}")
+        torch_dist_to_hf(args.source, args.target, arch, layout, config)
+    if _rank() == 0:
+        print(f"wrote {args.target} (tp={args.tp} ep={args.ep} etp={args.etp}, "
+              f"{torch.distributed.get_world_size()} ranks)")
+    torch.distributed.destroy_process_group()
     return 0
 
 

@@ -76,38 +76,81 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], arch: Arch) -> dict[str, torc
     return out
 
 
+def megatron_names(arch: Arch) -> list[str]:
+    """Every weight of the GPTModel at tp = ep = 1, in the model's order."""
+    names = ["embedding.word_embeddings.weight"]
+    for i, moe in enumerate(arch.moe_layers):
+        layer = f"decoder.layers.{i}."
+        names += [layer + n for n in (
+            "input_layernorm.weight", "self_attention.linear_proj.weight",
+            "self_attention.linear_qkv.weight", "self_attention.q_layernorm.weight",
+            "self_attention.k_layernorm.weight", "pre_mlp_layernorm.weight")]
+        if moe:
+            names.append(layer + "mlp.router.weight")
+            for e in range(arch.num_experts):
+                names += [f"{layer}mlp.experts.local_experts.{e}.linear_fc1.weight",
+                          f"{layer}mlp.experts.local_experts.{e}.linear_fc2.weight"]
+        else:
+            names += [layer + "mlp.linear_fc1.weight", layer + "mlp.linear_fc2.weight"]
+    names.append("decoder.final_layernorm.weight")
+    if not arch.tie_word_embeddings:
+        names.append("output_layer.weight")
+    return names
+
+
+_RENAMES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+    "mlp.router.weight": "mlp.gate.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+}
+_GLOBALS = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "decoder.final_layernorm.weight": "model.norm.weight",
+    "output_layer.weight": "lm_head.weight",
+}
+_MC_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_MC_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+
+
+def tensor_to_hf(name: str, tensor: torch.Tensor, arch: Arch) -> dict[str, torch.Tensor]:
+    """One GPTModel weight (tp = ep = 1) -> its HF checkpoint tensors: each Megatron tensor
+    maps on its own, so weights can be exported one gathered bucket at a time."""
+    if name in _GLOBALS:
+        return {_GLOBALS[name]: tensor}
+    found = _MC_LAYER.match(name)
+    if not found:
+        raise KeyError(f"no HF name for {name}")
+    layer, rest = f"model.layers.{found[1]}.", found[2]
+    if rest in _RENAMES:
+        return {layer + _RENAMES[rest]: tensor}
+    if rest == "self_attention.linear_qkv.weight":
+        q, k, v = _qkv_split(tensor, arch)
+        return {layer + "self_attn.q_proj.weight": q, layer + "self_attn.k_proj.weight": k,
+                layer + "self_attn.v_proj.weight": v}
+    expert = _MC_EXPERT.match(rest)
+    prefix = f"{layer}mlp.experts.{expert[1]}." if expert else layer + "mlp."
+    if expert and expert[2] == "linear_fc2":
+        return {prefix + "down_proj.weight": tensor}
+    if expert or rest == "mlp.linear_fc1.weight":
+        gate, up = torch.chunk(tensor, 2, dim=0)
+        return {prefix + "gate_proj.weight": gate.contiguous(),
+                prefix + "up_proj.weight": up.contiguous()}
+    raise KeyError(f"no HF name for {name}")
+
+
 def megatron_to_hf(mc: Mapping[str, torch.Tensor], arch: Arch) -> dict[str, torch.Tensor]:
     """GPTModel state dict -> HF checkpoint tensors (hub names, per-expert)."""
-    out = {
-        "model.embed_tokens.weight": mc["embedding.word_embeddings.weight"],
-        "model.norm.weight": mc["decoder.final_layernorm.weight"],
-    }
-    if not arch.tie_word_embeddings:
-        out["lm_head.weight"] = mc["output_layer.weight"]
-    for i, moe in enumerate(arch.moe_layers):
-        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        attn = dst + "self_attn."
-        out[dst + "input_layernorm.weight"] = mc[src + "input_layernorm.weight"]
-        out[dst + "post_attention_layernorm.weight"] = mc[src + "pre_mlp_layernorm.weight"]
-        q, k, v = _qkv_split(mc[src + "self_attention.linear_qkv.weight"], arch)
-        out[attn + "q_proj.weight"], out[attn + "k_proj.weight"], out[attn + "v_proj.weight"] = q, k, v
-        out[attn + "o_proj.weight"] = mc[src + "self_attention.linear_proj.weight"]
-        out[attn + "q_norm.weight"] = mc[src + "self_attention.q_layernorm.weight"]
-        out[attn + "k_norm.weight"] = mc[src + "self_attention.k_layernorm.weight"]
-        if moe:
-            out[dst + "mlp.gate.weight"] = mc[src + "mlp.router.weight"]
-            for e in range(arch.num_experts):
-                local = f"{src}mlp.experts.local_experts.{e}."
-                gate, up = torch.chunk(mc[local + "linear_fc1.weight"], 2, dim=0)
-                expert = f"{dst}mlp.experts.{e}."
-                out[expert + "gate_proj.weight"] = gate.contiguous()
-                out[expert + "up_proj.weight"] = up.contiguous()
-                out[expert + "down_proj.weight"] = mc[local + "linear_fc2.weight"]
-        else:
-            gate, up = torch.chunk(mc[src + "mlp.linear_fc1.weight"], 2, dim=0)
-            out[dst + "mlp.gate_proj.weight"] = gate.contiguous()
-            out[dst + "mlp.up_proj.weight"] = up.contiguous()
-            out[dst + "mlp.down_proj.weight"] = mc[src + "mlp.linear_fc2.weight"]
+    names = megatron_names(arch)
+    missing = [n for n in names if n not in mc]
+    if missing:
+        raise KeyError(f"{len(missing)} Megatron weights missing, first {missing[0]}")
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        out.update(tensor_to_hf(name, mc[name], arch))
     return out
 
 

@@ -1,8 +1,13 @@
 """Build megatron-core's GPTModel for a Qwen3 / Qwen3-MoE architecture (vime's Arch).
 
-Uses the local layer spec (no Transformer Engine needed) with the core attention replaced by
-torch's scaled_dot_product_attention: the local DotProductAttention materialises the [s, s]
-score matrix, which no real run can afford (shared/reference/megatron.md, observed on H200).
+Uses the local layer spec (no Transformer Engine needed) with two replacements:
+- the core attention is torch's scaled_dot_product_attention: the local DotProductAttention
+  materialises the [s, s] score matrix, which no real run can afford (shared/reference/
+  megatron.md, observed on H200);
+- the norms are an RMSNorm that allows sequence parallelism (megatron-core's torch norm
+  refuses it, and megatron-core refuses to train MoE with tensor parallelism without it):
+  the weights are marked `sequence_parallel`, so that finalize_model_grads sums their
+  gradients over the tensor group, as it does for Transformer Engine's norms.
 With Transformer Engine installed, real runs should use the TE spec instead.
 """
 
@@ -30,6 +35,19 @@ class FlashCoreAttention(torch.nn.Module):
                                              enable_gqa=q.shape[1] != k.shape[1])
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+class RMSNorm(torch.nn.Module):
+    """torch.nn.RMSNorm's arithmetic, built the way megatron-core builds norms."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-6, **_unused):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, hidden):
+        return F.rms_norm(hidden, (hidden.shape[-1],), self.weight, self.eps)
 
 
 def transformer_config(arch: Arch, recompute: str = "none", **overrides):
@@ -66,9 +84,18 @@ def build_gpt(arch: Arch, config, max_sequence_length: int):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    plain = config
+    if config.sequence_parallel:  # the local spec's norms refuse it at build time
+        import dataclasses
+
+        plain = dataclasses.replace(config, sequence_parallel=False)
+    spec = get_gpt_decoder_block_spec(plain, use_transformer_engine=False, normalization="RMSNorm")
     for layer in spec.layer_specs:
-        layer.submodules.self_attention.submodules.core_attention = FlashCoreAttention
+        attention = layer.submodules.self_attention.submodules
+        attention.core_attention = FlashCoreAttention
+        attention.q_layernorm = attention.k_layernorm = RMSNorm
+        layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    spec.layer_norm = RMSNorm
     return GPTModel(config, spec, vocab_size=arch.vocab_size,
                     max_sequence_length=max_sequence_length, position_embedding_type="rope",
                     rotary_base=int(arch.rope_theta),

@@ -17,7 +17,12 @@ pytest.importorskip("megatron.core")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from runtime.megatron.mapping import hf_to_megatron, megatron_to_hf, unfuse_experts  # noqa: E402
+from runtime.megatron.mapping import (  # noqa: E402
+    hf_to_megatron,
+    megatron_names,
+    megatron_to_hf,
+    unfuse_experts,
+)
 from vime.resolve.model import arch_from_config  # noqa: E402
 
 TINY = {
@@ -73,6 +78,7 @@ def test_names_and_shapes_are_the_models(megatron_model):
         assert back[name].shape == tensor.shape, name
         assert torch.equal(back[name], tensor), name
     model.load_state_dict({**model.state_dict(), **back}, strict=True)
+    assert megatron_names(arch) == list(mc)  # every weight, in the model's order
 
 
 def test_qkv_interleaving_puts_each_group_together(megatron_model):
