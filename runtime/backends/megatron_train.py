@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runtime.backends.torch_train import PAD, TorchTrainingBackend
+from runtime.backends.torch_train import PAD, TorchTrainingBackend, entropy_metric
 from runtime.interfaces import TrainBatch
 from runtime.megatron import shards
 from runtime.megatron.mapping import hf_to_megatron, tensor_to_hf, unfuse_experts
@@ -225,10 +225,12 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         log_probs = reduce(mine * inside, group=self.tp_group) - log_total.squeeze(-1)
         if not entropy:
             return log_probs, None
-        with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.slice.loss.entropy_coef)):
-            log_p = shifted - log_total
-            entropy_values = -reduce((log_p.exp() * log_p).sum(dim=-1), group=self.tp_group)
-        return log_probs, entropy_values
+        log_p = shifted - log_total  # this rank's columns of the log-softmax
+        if torch.is_grad_enabled() and self.slice.loss.entropy_coef:
+            return log_probs, -reduce((log_p.exp() * log_p).sum(dim=-1), group=self.tp_group)
+        partial = entropy_metric(log_p)
+        dist.all_reduce(partial, group=self.tp_group)
+        return log_probs, partial
 
     # -------------------------------------------------------------------------- training
 
