@@ -47,6 +47,10 @@ class OptimizerSlice:
     adam_beta1: float
     adam_beta2: float
     clip_grad: float
+    # Adam's state and step on the host (megatron-core's HybridDeviceOptimizer)
+    cpu_offload: bool = False
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    precision_aware: bool = False
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,11 @@ class JobConfig:
                 lr=float(optimizer["lr"]), weight_decay=float(optimizer["weight_decay"]),
                 adam_beta1=float(optimizer["adam_beta1"]),
                 adam_beta2=float(optimizer["adam_beta2"]),
-                clip_grad=float(optimizer.get("clip_grad", 1.0))),
+                clip_grad=float(optimizer.get("clip_grad", 1.0)),
+                cpu_offload=bool(optimizer.get("cpu_offload", False)),
+                overlap_cpu_optimizer_d2h_h2d=bool(optimizer.get("overlap_cpu_optimizer_d2h_h2d",
+                                                                 False)),
+                precision_aware=bool(optimizer.get("precision_aware", False))),
             train=MappingProxyType({k: train[k] for k in (
                 "micro_batch_size", "dynamic_batch", "max_tokens_per_gpu", "routing_replay",
                 "recompute")}),

@@ -12,7 +12,8 @@ against transformers on the same HF weights.
 4. routing replay under the layout: the experts transformers chose, replayed, give the same
    log-probs as free routing; the same routes shifted by one expert give different ones;
 5. one GRPO step: finite loss, weights moved, and the replicated weights (norms, router)
-   still equal on every rank;
+   still equal on every rank (with `--set train.optimizer.cpu_offload=true`: Adam on the
+   host, megatron-core's HybridDeviceOptimizer);
 6. checkpoint: save, a second step, load, and the weights are back (dist-checkpointing).
 """
 
@@ -52,13 +53,13 @@ def make_hf(folder: Path) -> None:
     print(f"wrote {folder}")
 
 
-def _config(folder: Path, tp: int, ep: int, job_dir: Path):
+def _config(folder: Path, tp: int, ep: int, job_dir: Path, extra: tuple[str, ...] = ()):
     from runtime.spmd import job_config
 
     sets = ['train.backend="megatron"', 'cluster.gpu="H200"', "cluster.gpus_per_node=2",
             f"train.parallel.tp={tp}", f"train.parallel.ep={ep}", "model.random_init=false",
             f'model.hf_checkpoint="{folder}"', "train.routing_replay=true",
-            *(f"model.arch.{k}={json.dumps(v)}" for k, v in ARCH.items())]
+            *(f"model.arch.{k}={json.dumps(v)}" for k, v in ARCH.items()), *extra]
     return job_config(ROOT / "specs" / "tiny_cpu.toml", sets, job_dir)
 
 
@@ -95,7 +96,7 @@ def _hf_reference(folder: Path, batch, dtype):
     return values, routes
 
 
-def check(folder: Path, tp: int, ep: int, out: Path | None) -> None:
+def check(folder: Path, tp: int, ep: int, out: Path | None, extra: tuple[str, ...] = ()) -> None:
     import torch.distributed as dist
 
     from runtime import actors
@@ -105,14 +106,16 @@ def check(folder: Path, tp: int, ep: int, out: Path | None) -> None:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
     job_dir = Path(tempfile.mkdtemp(prefix="parallel-"))
-    config = _config(folder, tp, ep, job_dir)
+    config = _config(folder, tp, ep, job_dir, extra)
     worker = actors.TrainWorker("megatron")
     started = time.perf_counter()
     worker.init(config.train_slice(rank, os.environ["MASTER_ADDR"],
                                    int(os.environ["MASTER_PORT"]), 4))
     backend = worker.backend
     result: dict = {"tp": tp, "ep": ep, "init_s": round(time.perf_counter() - started, 2),
-                    "world": dist.get_world_size()}
+                    "world": dist.get_world_size(), "set": list(extra),
+                    "optimizer": [type(o.optimizer).__name__ for o in getattr(
+                        backend.optimizer, "chained_optimizers", [backend.optimizer])]}
 
     # 2. export
     hf = read_hf(folder)
@@ -202,11 +205,13 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        help="more spec overrides, e.g. train.optimizer.cpu_offload=true")
     args = parser.parse_args()
     if args.what == "make-hf":
         make_hf(args.folder)
     else:
-        check(args.folder, args.tp, args.ep, args.out)
+        check(args.folder, args.tp, args.ep, args.out, tuple(args.sets))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _offload_options(opt) -> dict:
+    """The spec's CPU Adam (train.optimizer.cpu_offload) as megatron-core's options: the whole
+    optimizer on the host (HybridDeviceOptimizer, torch's AdamW there), fp32 main weights
+    and moments with it. megatron-core needs no Transformer Engine for this path
+    (OptimizerConfig returns before its FusedAdam check when optimizer_cpu_offload is set)."""
+    if not opt.cpu_offload:
+        return {}
+    return dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
+                use_precision_aware_optimizer=True, decoupled_weight_decay=True,
+                overlap_cpu_optimizer_d2h_h2d=opt.overlap_cpu_optimizer_d2h_h2d)
+
+
 class MegatronTrainingBackend(TorchTrainingBackend):
     # ------------------------------------------------------------------------------- init
 
@@ -105,7 +117,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             OptimizerConfig(optimizer="adam", lr=opt.lr, weight_decay=opt.weight_decay,
                             adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2,
                             clip_grad=opt.clip_grad or 0.0, bf16=True,
-                            params_dtype=torch.bfloat16, use_distributed_optimizer=True),
+                            params_dtype=torch.bfloat16, use_distributed_optimizer=True,
+                            **_offload_options(opt)),
             [self.model])
         self.params = dict(self.gpt.named_parameters())
         self.ref = ({n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}
@@ -342,8 +355,12 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         megatron-core's DistributedOptimizer.state_dict reads every state's "step" when
         neither Apex nor Transformer Engine is installed (distrib_optimizer.py, "assert
         len(steps) == 1"), and its init_state_fn leaves "step" out."""
+        from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+
         for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             inner = optimizer.optimizer
+            if isinstance(inner, HybridDeviceOptimizer):
+                continue  # megatron-core takes a dummy step for it (load_state_dict)
             for group in inner.param_groups:
                 for param in group["params"]:
                     if not inner.state[param]:
