@@ -6,7 +6,7 @@ Layouts: tensor parallel, expert parallel (with its own expert-tensor size) and 
 as the plan gives them; every rank is one Ray actor and joins megatron-core's groups through
 `initialize_model_parallel` with the plan's sizes (the plan's rank order is megatron's,
 checked by tests/oracle/test_megatron_groups.py). Pipeline and context parallel are refused
-(a compile-time error too: they need the pipeline schedules and ring attention, not written).
+(V905 warns at compile time: they need the pipeline schedules and ring attention, not written).
 Sequence parallel is on whenever tp > 1 (megatron-core refuses to train MoE with tensor
 parallelism without it), with runtime/megatron/model.py's RMSNorm in the local layer spec.
 
