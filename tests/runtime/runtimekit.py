@@ -1,8 +1,9 @@
 """Helpers of the runtime's tests: the tiny spec compiled in-process, a JobConfig for a
-temporary job folder, the in-process loop, and the vime command line."""
+temporary job folder, the in-process loop, a local Ray, and the vime command line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,6 +23,26 @@ from vime.parse import Source
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "specs" / "tiny_cpu.toml"
+
+
+@contextlib.contextmanager
+def local_ray(num_gpus: int = 4):
+    """A local Ray with logical GPUs for one test module. Ray >= 2.5x turns token
+    authentication on for a local ray.init() and writes ~/.ray/auth_token, which every later
+    `ray start` on the machine then requires: this Ray runs without it."""
+    import ray
+
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, num_gpus=num_gpus, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
 
 
 def compile_spec(path: Path = TINY, sets=()) -> tuple[dict, str]:

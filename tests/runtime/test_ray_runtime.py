@@ -4,11 +4,10 @@ disaggregated layouts, data parallelism over ranks."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
-from runtimekit import job_config, metrics
+from runtimekit import job_config, local_ray, metrics
 
 from runtime import driver
 
@@ -19,19 +18,8 @@ DP_TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    import ray
-
-    # Ray >= 2.5x turns token authentication on for a local ray.init() and writes
-    # ~/.ray/auth_token, which every later `ray start` on the machine then requires.
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
-    if saved is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = saved
+    with local_ray():
+        yield
 
 
 def _drive(tmp_path, job, **keys):

@@ -5,12 +5,11 @@ an error naming the engine and its node."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
-from runtimekit import job_config
+from runtimekit import job_config, local_ray
 
 from runtime import actors, placement, supervisor
 from runtime.interfaces import GenerationRequest, SamplingParams
@@ -18,17 +17,8 @@ from runtime.interfaces import GenerationRequest, SamplingParams
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    import ray
-
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
-    if saved is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = saved
+    with local_ray():
+        yield
 
 
 @pytest.fixture
