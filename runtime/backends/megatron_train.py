@@ -40,7 +40,7 @@ import torch.distributed as dist
 from runtime.backends.torch_train import PAD, TorchTrainingBackend, entropy_metric
 from runtime.interfaces import TrainBatch
 from runtime.megatron import shards
-from runtime.megatron.mapping import hf_to_megatron, tensor_to_hf, unfuse_experts
+from runtime.megatron.mapping import MegatronView, tensor_to_hf, unfuse_experts
 from runtime.megatron.model import build_gpt, transformer_config
 from runtime.routing import ReplayLayout, local_routes, per_layer
 from runtime.slices import TrainSlice
@@ -143,12 +143,11 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             from runtime.backends import torch_model
 
             hf = unfuse_experts(torch_model.build_model(model, torch.device("cpu")).state_dict())
-        else:
-            from runtime.megatron.convert import read_hf
+        else:  # read lazily: this rank's pieces only (the dense weights and its experts)
+            from runtime.megatron.convert import HFCheckpoint
 
-            hf = read_hf(Path(model.hf_checkpoint))
-        shards.fill(self.gpt, {k: v.to(torch.bfloat16)
-                               for k, v in hf_to_megatron(hf, self.arch).items()})
+            hf = HFCheckpoint(Path(model.hf_checkpoint))
+        shards.fill(self.gpt, MegatronView(hf, self.arch))
 
     # --------------------------------------------------------------------------- batching
 

@@ -24,12 +24,13 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from runtime.megatron import shards
-from runtime.megatron.mapping import hf_to_megatron, tensor_to_hf, unfuse_experts
+from runtime.megatron.mapping import HF_LAYER, MegatronView, tensor_to_hf
 from runtime.megatron.model import build_gpt, transformer_config
 from vime.resolve.model import Arch, arch_from_config
 
@@ -68,14 +69,61 @@ def _staging(out: Path) -> Path:
 
 
 def read_hf(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    """Every tensor of an HF folder, under the hub's per-expert names (whole in memory)."""
+    checkpoint = HFCheckpoint(folder)
+    return {name: checkpoint[name] for name in checkpoint}
 
-    tensors: dict[str, torch.Tensor] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(path))
-    if not tensors:
-        raise FileNotFoundError(f"no *.safetensors in {folder}")
-    return unfuse_experts(tensors)
+
+class HFCheckpoint(Mapping):
+    """The tensors of an HF safetensors folder under the hub's per-expert names, each read
+    from its file when asked for (safetensors maps the files; nothing is loaded up front).
+    Experts that transformers 5 saved fused (`mlp.experts.gate_up_proj` [E, 2F, H],
+    `mlp.experts.down_proj` [E, H, F]) are read one expert at a time, so that a rank of a
+    conversion or of the Megatron backend reads the dense weights and its own experts only."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        self.folder = Path(folder)
+        # hub name -> (file, key in the file, expert index or None, half of gate|up or None)
+        self.where: dict[str, tuple[Path, str, int | None, int | None]] = {}
+        for path in sorted(self.folder.glob("*.safetensors")):
+            with safe_open(path, "pt") as file:
+                for key in file.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                    self._index(path, key, file)
+        if not self.where:
+            raise FileNotFoundError(f"no *.safetensors in {folder}")
+
+    def _index(self, path: Path, key: str, file) -> None:
+        found = HF_LAYER.match(key)
+        if found and found[2] in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
+            prefix = f"model.layers.{found[1]}.mlp.experts."
+            for expert in range(file.get_slice(key).get_shape()[0]):
+                if found[2] == "mlp.experts.down_proj":
+                    self.where[f"{prefix}{expert}.down_proj.weight"] = (path, key, expert, None)
+                else:
+                    self.where[f"{prefix}{expert}.gate_proj.weight"] = (path, key, expert, 0)
+                    self.where[f"{prefix}{expert}.up_proj.weight"] = (path, key, expert, 1)
+        else:
+            self.where[key] = (path, key, None, None)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        path, key, expert, half = self.where[name]
+        with safe_open(path, "pt") as file:
+            if expert is None:
+                return file.get_tensor(key)
+            tensor = file.get_slice(key)[expert]
+        if half is not None:
+            tensor = torch.chunk(tensor, 2, dim=0)[half]
+        return tensor.contiguous()
+
+    def __iter__(self):
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
 
 
 def _model(arch: Arch, layout: dict[str, int]):
@@ -96,9 +144,8 @@ def hf_to_torch_dist(hf_dir: Path, out: Path, arch: Arch, layout: dict[str, int]
 
     _init(layout)
     model = _model(arch, layout)
-    full = hf_to_megatron(read_hf(hf_dir), arch)
-    shards.fill(model, {k: v.to(torch.bfloat16) for k, v in full.items()})
-    del full
+    # each rank reads the tensors of its own pieces only (the dense ones and its experts)
+    shards.fill(model, MegatronView(HFCheckpoint(hf_dir), arch))
     staging = _staging(out)
     try:
         dist_checkpointing.save(model.sharded_state_dict(), str(staging))

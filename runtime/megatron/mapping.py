@@ -19,7 +19,7 @@ import torch
 
 from vime.resolve.model import Arch
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
 def _qkv_fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: Arch) -> torch.Tensor:
@@ -43,37 +43,59 @@ def _qkv_split(qkv: torch.Tensor, arch: Arch) -> tuple[torch.Tensor, torch.Tenso
             v.reshape(-1, hidden).contiguous())
 
 
+def megatron_tensor(name: str, hf: Mapping[str, torch.Tensor], arch: Arch) -> torch.Tensor:
+    """One GPTModel weight (tp = ep = 1) from the HF tensors it is made of; reads only those,
+    so a rank that needs a few weights reads a few tensors (see MegatronView)."""
+    if name == "output_layer.weight":
+        return hf["model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"]
+    if name in _GLOBALS:
+        return hf[_GLOBALS[name]]
+    found = _MC_LAYER.match(name)
+    if not found:
+        raise KeyError(f"no Megatron weight {name}")
+    layer, rest = f"model.layers.{found[1]}.", found[2]
+    if rest in _RENAMES:
+        return hf[layer + _RENAMES[rest]]
+    if rest == "self_attention.linear_qkv.weight":
+        attn = layer + "self_attn."
+        return _qkv_fuse(hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"],
+                         hf[attn + "v_proj.weight"], arch)
+    expert = _MC_EXPERT.match(rest)
+    prefix = f"{layer}mlp.experts.{expert[1]}." if expert else layer + "mlp."
+    if expert and expert[2] == "linear_fc2":
+        return hf[prefix + "down_proj.weight"]
+    if expert or rest == "mlp.linear_fc1.weight":
+        return torch.cat([hf[prefix + "gate_proj.weight"], hf[prefix + "up_proj.weight"]], dim=0)
+    raise KeyError(f"no Megatron weight {name}")
+
+
+def _hf_to_megatron_names(arch: Arch) -> list[str]:
+    # the head is also given when tied (GPTModel ignores it then; loads use strict=False)
+    return megatron_names(arch) + (["output_layer.weight"] if arch.tie_word_embeddings else [])
+
+
 def hf_to_megatron(hf: Mapping[str, torch.Tensor], arch: Arch) -> dict[str, torch.Tensor]:
     """HF checkpoint tensors (hub names, per-expert) -> GPTModel state dict."""
-    out = {
-        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
-        "decoder.final_layernorm.weight": hf["model.norm.weight"],
-        "output_layer.weight": hf["model.embed_tokens.weight" if arch.tie_word_embeddings
-                                  else "lm_head.weight"],
-    }
-    for i, moe in enumerate(arch.moe_layers):
-        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        attn = src + "self_attn."
-        out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
-        out[dst + "pre_mlp_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
-        out[dst + "self_attention.linear_qkv.weight"] = _qkv_fuse(
-            hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"], arch)
-        out[dst + "self_attention.linear_proj.weight"] = hf[attn + "o_proj.weight"]
-        out[dst + "self_attention.q_layernorm.weight"] = hf[attn + "q_norm.weight"]
-        out[dst + "self_attention.k_layernorm.weight"] = hf[attn + "k_norm.weight"]
-        if moe:
-            out[dst + "mlp.router.weight"] = hf[src + "mlp.gate.weight"]
-            for e in range(arch.num_experts):
-                expert = f"{src}mlp.experts.{e}."
-                local = f"{dst}mlp.experts.local_experts.{e}."
-                out[local + "linear_fc1.weight"] = torch.cat(
-                    [hf[expert + "gate_proj.weight"], hf[expert + "up_proj.weight"]], dim=0)
-                out[local + "linear_fc2.weight"] = hf[expert + "down_proj.weight"]
-        else:
-            out[dst + "mlp.linear_fc1.weight"] = torch.cat(
-                [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]], dim=0)
-            out[dst + "mlp.linear_fc2.weight"] = hf[src + "mlp.down_proj.weight"]
-    return out
+    return {name: megatron_tensor(name, hf, arch) for name in _hf_to_megatron_names(arch)}
+
+
+class MegatronView(Mapping):
+    """hf_to_megatron(hf, arch) as a mapping whose tensors are built when asked for: over a
+    lazily read checkpoint (runtime/megatron/convert.py's HFCheckpoint), a rank reads the
+    dense weights and its own experts only, not the whole model."""
+
+    def __init__(self, hf: Mapping[str, torch.Tensor], arch: Arch):
+        self.hf, self.arch = hf, arch
+        self.names = _hf_to_megatron_names(arch)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return megatron_tensor(name, self.hf, self.arch)
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def megatron_names(arch: Arch) -> list[str]:
@@ -159,7 +181,7 @@ def unfuse_experts(hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     `mlp.experts.down_proj` [E, H, F]); give them the hub's per-expert names."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in hf.items():
-        found = _LAYER.match(name)
+        found = HF_LAYER.match(name)
         if found and found[2] == "mlp.experts.gate_up_proj":
             for e, fused in enumerate(tensor):
                 gate, up = torch.chunk(fused, 2, dim=0)
