@@ -56,6 +56,19 @@ def load_tokenizer(config: JobConfig):
     return tokenizer
 
 
+def job_loop(config: JobConfig, train, rollout, metrics, log=log):
+    """The GRPO loop of a job on given training and rollout groups: its tokenizer, prompts,
+    reward and checkpoint folders (runtime/spmd.py, the in-process loop of the tests)."""
+    from runtime.loop import GRPOLoop
+
+    tokenizer = load_tokenizer(config)
+    prompts, _dropped = read_prompts(config.data, tokenizer)
+    return GRPOLoop(config, train, rollout,
+                    PromptSampler(prompts, config.seed, config.data.shuffle), tokenizer,
+                    rewards.load(config.reward), metrics,
+                    Checkpoints(config.save_dir, config.load_dir), log=log)
+
+
 def cpu_threads_per_actor(config: JobConfig) -> int:
     """CPU threads for each backend's torch: the node's cores shared by the actors that
     compute at the same time (colocated: the ranks, or the engines; disaggregated: all)."""

@@ -84,26 +84,17 @@ def stop() -> None:
 
 def job_config(spec_path, sets: Sequence[str], job_dir):
     """Compile a spec in this process (as `vime submit` does) into the runtime's JobConfig."""
-    import hashlib
+    import json
     from pathlib import Path
 
-    from runtime.slices import JobConfig
-    from vime import pipeline
-    from vime.emit import plan_json, resolved
-    from vime.parse import Source
-    from vime.plan import plan as make_plan
+    from runtime.slices import JobConfig, compile_job
 
-    spec_path = Path(spec_path)
-    text = spec_path.read_text()
-    result = pipeline.run(Source(str(spec_path), text), list(sets), spec_path.parent)
-    errors = [f"{d.code}: {d.message}" for d in result.diagnostics if d.severity == "error"]
-    if errors:
-        raise SystemExit("the spec has errors:\n  " + "\n  ".join(errors))
-    plan = plan_json.plan_object(str(spec_path), result.diagnostics, result.spec,
-                                 result.plan or make_plan(result.spec))
-    resolved_toml = resolved.render(result.spec, str(spec_path),
-                                    hashlib.sha256(text.encode()).hexdigest())
-    return JobConfig.from_job(plan, resolved_toml, Path(job_dir))
+    try:
+        files = compile_job(Path(spec_path), sets)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    return JobConfig.from_job(json.loads(files["plan.json"]), files["resolved.toml"],
+                              Path(job_dir))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,11 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import os
     from pathlib import Path
 
-    from runtime import actors, rewards
-    from runtime.checkpoint import Checkpoints
-    from runtime.data import PromptSampler, read_prompts
-    from runtime.driver import load_tokenizer
-    from runtime.loop import GRPOLoop
+    from runtime import actors
+    from runtime.driver import job_loop
     from runtime.metrics import MetricsLogger
 
     parser = argparse.ArgumentParser(prog="python -m runtime.spmd")
@@ -138,13 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         engine = actors.RolloutWorker(config.rollout_backend)
         engine.start(config.engine_slice(0, args.cpu_threads))
-        tokenizer = load_tokenizer(config)
-        prompts, _dropped = read_prompts(config.data, tokenizer)
         metrics = MetricsLogger(job_dir, job_dir.name, None, None, None, config={}, print_fn=print)
-        loop = GRPOLoop(config, train, actors.RolloutGroup([engine]),
-                        PromptSampler(prompts, config.seed, config.data.shuffle), tokenizer,
-                        rewards.load(config.reward), metrics,
-                        Checkpoints(config.save_dir, config.load_dir), log=print)
+        loop = job_loop(config, train, actors.RolloutGroup([engine]), metrics, log=print)
         loop.restore()
         loop.run()
     finally:

@@ -10,16 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime import actors, rewards
-from runtime.checkpoint import Checkpoints
-from runtime.data import PromptSampler, read_prompts
-from runtime.driver import load_tokenizer
+from runtime import actors
+from runtime.driver import job_loop
 from runtime.loop import GRPOLoop
 from runtime.metrics import MetricsLogger
-from runtime.slices import JobConfig
-from vime import pipeline
-from vime.emit import build, plan_json
-from vime.parse import Source
+from runtime.slices import JobConfig, compile_job
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "specs" / "tiny_cpu.toml"
@@ -47,11 +42,7 @@ def local_ray(num_gpus: int = 4):
 
 def compile_spec(path: Path = TINY, sets=()) -> tuple[dict, str]:
     """(plan.json as a dict, resolved.toml) as `vime submit` writes them in the job folder."""
-    text = path.read_text()
-    result = pipeline.run(Source(str(path), text), list(sets), path.parent)
-    assert result.ok, [(d.code, d.message) for d in result.diagnostics]
-    obj = plan_json.plan_object(str(path), result.diagnostics, result.spec, result.plan)
-    files = build.files(result.plan, str(path), text, obj, "<job folder>")
+    files = compile_job(path, sets)
     return json.loads(files["plan.json"]), files["resolved.toml"]
 
 
@@ -71,13 +62,9 @@ def job_config(tmp_path: Path, job: str = "job", **keys) -> tuple[dict, str, Job
 
 def in_process_loop(config: JobConfig, log=lambda line: None) -> GRPOLoop:
     """The loop with one rank and one engine in this process (no Ray)."""
-    tokenizer = load_tokenizer(config)
-    prompts, _ = read_prompts(config.data, tokenizer)
     train, rollout = actors.local_groups(config, cpu_threads=1)
-    return GRPOLoop(config, train, rollout, PromptSampler(prompts, config.seed, config.data.shuffle),
-                    tokenizer, rewards.load(config.reward),
-                    MetricsLogger(config.job_dir, config.job_dir.name, print_fn=log),
-                    Checkpoints(config.save_dir, config.load_dir), log=log)
+    return job_loop(config, train, rollout,
+                    MetricsLogger(config.job_dir, config.job_dir.name, print_fn=log), log=log)
 
 
 def metrics(job_dir: Path) -> list[dict]:
