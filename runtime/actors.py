@@ -40,14 +40,24 @@ def _where() -> dict:
     return info
 
 
-class TrainWorker:
+class _Host:
+    """What both hosts answer the same way, whatever their backend."""
+
+    def where(self) -> dict:
+        return _where()
+
+    def resident_bytes(self) -> int:
+        return getattr(self.backend, "resident_bytes", lambda: -1)()
+
+    def stop(self) -> None:
+        self.backend.stop()
+
+
+class TrainWorker(_Host):
     """Host of one training rank."""
 
     def __init__(self, backend_name: str):
         self.backend = backends.load("training", backend_name)()
-
-    def where(self) -> dict:
-        return _where()
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to be the process-group master."""
@@ -90,21 +100,12 @@ class TrainWorker:
     def load(self, path) -> None:
         self.backend.load(path)
 
-    def resident_bytes(self) -> int:
-        return getattr(self.backend, "resident_bytes", lambda: -1)()
 
-    def stop(self) -> None:
-        self.backend.stop()
-
-
-class RolloutWorker:
+class RolloutWorker(_Host):
     """Host of one rollout engine."""
 
     def __init__(self, backend_name: str):
         self.backend = backends.load("rollout", backend_name)()
-
-    def where(self) -> dict:
-        return _where()
 
     def start(self, slice: EngineSlice) -> None:
         self.backend.start(slice)
@@ -124,9 +125,6 @@ class RolloutWorker:
     def wake(self, tags) -> None:
         self.backend.wake(tags)
 
-    def resident_bytes(self) -> int:
-        return getattr(self.backend, "resident_bytes", lambda: -1)()
-
     def ping(self) -> bool:
         """The supervisor's health check (runtime/supervisor.py): the actor answers."""
         return True
@@ -135,9 +133,6 @@ class RolloutWorker:
         """A backend's own method (vLLM's weight-transfer steps, runtime/backends/
         vllm_weights.py)."""
         return getattr(self.backend, method)(*args)
-
-    def stop(self) -> None:
-        self.backend.stop()
 
 
 # ------------------------------------------------------------------------------- calling

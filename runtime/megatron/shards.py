@@ -115,7 +115,7 @@ def gather(gpt, bucket_bytes: int, group=None) -> Iterator[dict[str, torch.Tenso
         while at < len(names) and (not bucket or size < bucket_bytes) \
                 and described[names[at]][1] == dtype:
             bucket.append(names[at])
-            size += torch.tensor([], dtype=dtype).element_size() * _numel(described[names[at]][0])
+            size += dtype.itemsize * _numel(described[names[at]][0])
             at += 1
         flat = torch.zeros(sum(_numel(described[n][0]) for n in bucket), dtype=dtype,
                            device=device)
