@@ -1,4 +1,5 @@
-"""`vime convert`: the command it runs (the conversion itself needs a GPU: docs/gpu-runs.md)."""
+"""`vime convert`: the command it runs. The conversion itself runs in
+tests/runtime/test_convert_cpu.py (CPU) and docs/gpu-runs.md (H200)."""
 
 from __future__ import annotations
 

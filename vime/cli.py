@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = verbs.add_parser("cancel", help="cancel a submitted job; its nodes stop their Ray")
     cancel.add_argument("job", help="Slurm job id or job folder")
     convert = verbs.add_parser("convert", help="HF safetensors <-> Megatron torch_dist with the "
-                               "spec's architecture and parallel layout (runs here, one GPU per rank)")
+                               "spec's architecture and parallel layout (runs here: one GPU per rank, or one "
+                               "CPU process per rank on a machine without GPUs)")
     _spec_options(convert)
     convert.add_argument("--to", choices=("torch_dist", "hf"), default="torch_dist",
                          help="torch_dist: model.hf_checkpoint -> model.torch_dist_checkpoint; "

@@ -14,11 +14,14 @@ checkpoint under another expert-parallel size is resharded by megatron-core and 
 slow or hangs. The layout is recorded in `vime_layout.json` beside the checkpoint, where
 `vime compile` reads it (V705). Back to HF, the ranks gather the full tensors and rank 0
 writes them. The folder appears only when complete (a temporary sibling, then renamed).
+On a machine without GPUs the same ranks are CPU processes over gloo (tests/runtime/
+test_convert_cpu.py runs it so on the tiny spec).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -46,15 +49,36 @@ def _init(layout: dict[str, int]) -> None:
         os.environ.setdefault("MASTER_PORT", "29531")
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group("nccl")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=layout["tp"], expert_model_parallel_size=layout["ep"],
             expert_tensor_parallel_size=layout["etp"])
-        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+        if torch.cuda.is_available():
+            from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-        model_parallel_cuda_manual_seed(0)  # weights are overwritten; the RNG only must exist
+            model_parallel_cuda_manual_seed(0)  # weights are overwritten; the RNG only must exist
+
+
+@contextlib.contextmanager
+def _cpu_checkpointing():
+    """dist-checkpointing assumes a GPU in two calls: its writer copies every tensor to the
+    host with non_blocking=True and then calls torch.cuda.synchronize(), and it broadcasts its
+    failure flag in a tensor on torch.cuda.current_device(). On a machine without a GPU (gloo,
+    every tensor already on the host) there is nothing to wait for and the flag belongs on the
+    CPU: for the save and the load, and only where CUDA is unavailable, the two calls say so."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = torch.cuda.synchronize, torch.cuda.current_device
+    torch.cuda.synchronize = lambda device=None: None
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize, torch.cuda.current_device = saved
 
 
 def _rank() -> int:
@@ -127,10 +151,17 @@ class HFCheckpoint(Mapping):
 
 
 def _model(arch: Arch, layout: dict[str, int]):
+    """The layout's GPTModel, on this rank's GPU, or on the CPU where there is none (the
+    weights are the same; the CPU build needs the allgather dispatcher, which makes no CUDA
+    streams, and no forward ever runs here)."""
+    cpu = {} if torch.cuda.is_available() else dict(
+        use_cpu_initialization=True, moe_token_dispatcher_type="allgather",
+        variable_seq_lengths=False)
     config = transformer_config(arch, tensor_model_parallel_size=layout["tp"],
                                 expert_model_parallel_size=layout["ep"],
-                                expert_tensor_parallel_size=layout["etp"])
-    return build_gpt(arch, config, arch.max_position_embeddings).to(torch.bfloat16).cuda()
+                                expert_tensor_parallel_size=layout["etp"], **cpu)
+    model = build_gpt(arch, config, arch.max_position_embeddings).to(torch.bfloat16)
+    return model.cuda() if torch.cuda.is_available() else model
 
 
 def _publish(staging: Path, target: Path) -> None:
@@ -148,7 +179,8 @@ def hf_to_torch_dist(hf_dir: Path, out: Path, arch: Arch, layout: dict[str, int]
     shards.fill(model, MegatronView(HFCheckpoint(hf_dir), arch))
     staging = _staging(out)
     try:
-        dist_checkpointing.save(model.sharded_state_dict(), str(staging))
+        with _cpu_checkpointing():
+            dist_checkpointing.save(model.sharded_state_dict(), str(staging))
         torch.distributed.barrier()
         if _rank() == 0:
             (staging / LAYOUT_FILE).write_text(json.dumps(
@@ -168,8 +200,9 @@ def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, in
 
     _init(layout)
     model = _model(arch, layout)
-    model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), str(dist_dir)),
-                          strict=False)
+    with _cpu_checkpointing():
+        loaded = dist_checkpointing.load(model.sharded_state_dict(), str(dist_dir))
+    model.load_state_dict(loaded, strict=False)
     hf: dict[str, torch.Tensor] = {}
     for bucket in shards.gather(model, 1 << 30):
         for name, tensor in bucket.items():
