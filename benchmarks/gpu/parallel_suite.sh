@@ -3,6 +3,7 @@
 # `vime convert` under tensor- and expert-parallel layouts. Run from the repository root with
 # megatron-core and vime's dependencies importable; results go to $OUT (docs/gpu-runs.md).
 #   parallel_suite.sh [convert] [check] [grpo] [resume]     (default: all four)
+# LAYOUTS="tp,ep[,cp] ..." picks the check and grpo layouts (default "2,1" "1,2"; cp 1).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 stages=" ${*:-convert check grpo resume} "
@@ -21,25 +22,26 @@ fi
 # the backend against transformers, export, replay, a step, a checkpoint
 if [[ $stages == *" check "* ]]; then
 for layout in ${LAYOUTS:-"2,1" "1,2"}; do
-  set -- ${layout/,/ }
+  set -- ${layout//,/ }; cp=${3:-1}; name=tp$1_ep$2${3:+_cp$3}
   run python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-    benchmarks/gpu/megatron_parallel.py check $hf --tp $1 --ep $2 --out "$OUT/parallel_tp$1_ep$2.json" \
-    > "$OUT/parallel_tp$1_ep$2.log" 2>&1
-  grep -v "Warning\|warnings.warn" "$OUT/parallel_tp$1_ep$2.log" | grep -m3 -B2 -A12 "Traceback\|Error" 
+    benchmarks/gpu/megatron_parallel.py check $hf --tp $1 --ep $2 --set train.parallel.cp=$cp \
+    --out "$OUT/parallel_$name.json" > "$OUT/parallel_$name.log" 2>&1
+  grep -v "Warning\|warnings.warn" "$OUT/parallel_$name.log" | grep -m3 -B2 -A12 "Traceback\|Error" 
 done
 fi
 # GRPO on the toy task with rank 0 driving both ranks (runtime/spmd.py), then a resume
 if [[ $stages == *" grpo "* ]]; then
 for layout in ${LAYOUTS:-"2,1" "1,2"}; do
-  set -- ${layout/,/ }
-  job=/tmp/grpo-tp$1-ep$2/job
+  set -- ${layout//,/ }; cp=${3:-1}; name=tp$1_ep$2${3:+_cp$3}
+  job=/tmp/grpo-$name/job
   run python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m runtime.spmd \
     specs/tiny_cpu.toml --set 'train.backend="megatron"' --set 'cluster.gpu="H200"' \
     --set cluster.gpus_per_node=2 --set train.parallel.tp=$1 --set train.parallel.ep=$2 \
+    --set train.parallel.cp=$cp \
     --set rollout.num_rollout=${ROLLOUTS:-20} --set checkpoint.save_interval=10 --job-dir $job \
-    --cpu-threads 4 > "$OUT/grpo_tp$1_ep$2.log" 2>&1
-  grep "^vime\|^rollout\|Error" "$OUT/grpo_tp$1_ep$2.log" | tail -30
-  cp $job/metrics.jsonl "$OUT/grpo_tp$1_ep$2.jsonl"
+    --cpu-threads 4 > "$OUT/grpo_$name.log" 2>&1
+  grep "^vime\|^rollout\|Error" "$OUT/grpo_$name.log" | tail -30
+  cp $job/metrics.jsonl "$OUT/grpo_$name.jsonl"
 done
 fi
 # resume: 12 rollouts with a checkpoint every 6, then a second job to 16 from the checkpoint,

@@ -2,13 +2,17 @@
 DistributedDataParallel and distributed optimizer, the GRPO loss of runtime/algorithm.py, and
 rollout routing replay through megatron-core's RouterReplay.
 
-Layouts: tensor parallel, expert parallel (with its own expert-tensor size) and data parallel,
-as the plan gives them; every rank is one Ray actor and joins megatron-core's groups through
+Layouts: tensor, context, expert (with its own expert-tensor size) and data parallel, as the
+plan gives them; every rank is one Ray actor and joins megatron-core's groups through
 `initialize_model_parallel` with the plan's sizes (the plan's rank order is megatron's,
-checked by tests/oracle/test_megatron_groups.py). Pipeline and context parallel are refused
-(V905 warns at compile time: they need the pipeline schedules and ring attention, not written).
+checked by tests/oracle/test_megatron_groups.py). Pipeline parallel is refused (V905 warns at
+compile time: it needs the pipeline schedules, not written).
 Sequence parallel is on whenever tp > 1 (megatron-core refuses to train MoE with tensor
 parallelism without it), with runtime/megatron/model.py's RMSNorm in the local layer spec.
+Context parallel: each rank holds chunks r and 2·cp − 1 − r of every sequence (the order
+megatron's rotary embedding slices positions by); the attention gathers keys and values over
+the group (model.py), and the log-probs of a rank's positions are gathered to pick the
+responses (_response_terms).
 
 - Weights: a torch_dist checkpoint (`vime convert`) is loaded by dist-checkpointing, which
   reshards it to this rank's layout; HF weights (or the seeded random ones) are cut into
@@ -37,11 +41,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runtime.backends.torch_train import PAD, TorchTrainingBackend, entropy_metric
+from runtime.backends.torch_train import (
+    PAD,
+    TorchTrainingBackend,
+    entropy_metric,
+    response_positions,
+)
 from runtime.interfaces import TrainBatch
 from runtime.megatron import shards
 from runtime.megatron.mapping import MegatronView, tensor_to_hf, unfuse_experts
-from runtime.megatron.model import build_gpt, transformer_config
+from runtime.megatron.model import build_gpt, cp_slots, transformer_config
 from runtime.routing import ReplayLayout, local_routes, per_layer
 from runtime.slices import TrainSlice
 from vime.resolve.model import arch_from_config
@@ -81,11 +90,10 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from megatron.core.transformer.module import Float16Module
 
-        tp, ep, etp = (slice.parallel[k] for k in ("tp", "ep", "etp"))
-        if slice.parallel["pp"] != 1 or slice.parallel["cp"] != 1:
+        tp, cp, ep, etp = (slice.parallel[k] for k in ("tp", "cp", "ep", "etp"))
+        if slice.parallel["pp"] != 1:
             raise NotImplementedError(  # also V905 at compile time
-                "the Megatron backend runs pp = cp = 1; the plan has "
-                f"pp = {slice.parallel['pp']}, cp = {slice.parallel['cp']}")
+                f"the Megatron backend runs pp = 1; the plan has pp = {slice.parallel['pp']}")
         self.slice = slice
         self.device = torch.device("cuda", torch.cuda.current_device())
         if not dist.is_initialized():
@@ -94,16 +102,18 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                                     rank=slice.rank, world_size=slice.world_size)
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
-                expert_tensor_parallel_size=etp)
+                tensor_model_parallel_size=tp, context_parallel_size=cp,
+                expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank, self.tp = parallel_state.get_tensor_model_parallel_rank(), tp
+        self.cp_group = parallel_state.get_context_parallel_group()
+        self.cp_rank, self.cp = parallel_state.get_context_parallel_rank(), cp
         model_parallel_cuda_manual_seed(slice.model.seed)
         torch.manual_seed(slice.model.seed)
         self.arch = arch_from_config(dict(slice.model.arch))
         self.config = transformer_config(
             self.arch, slice.recompute, tensor_model_parallel_size=tp,
-            expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
+            context_parallel_size=cp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
             sequence_parallel=tp > 1, calculate_per_token_loss=True,
             moe_enable_routing_replay=slice.routing_replay and self.arch.is_moe)
         self.gpt = build_gpt(self.arch, self.config, self.arch.max_position_embeddings).cuda()
@@ -174,36 +184,92 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             RouterReplay.clear_global_router_replay_action()
             return
         (index,) = indices
-        # the sample padded to `width` (a multiple of tp), then this rank's slice of it
-        layout = ReplayLayout(tp=self.tp, sequence_parallel=self.tp > 1, pad_multiple=width)
+        # the sample padded to `width`, then this rank's chunks of it (cp) and its slice (sp)
+        layout = ReplayLayout(tp=self.tp, cp=self.cp, sequence_parallel=self.tp > 1,
+                              pad_multiple=width)
         routes = local_routes([batch.routed_experts[index]], [len(batch.tokens[index])],
-                              self.arch.num_moe_layers, layout, tp_rank=self.tp_rank)
+                              self.arch.num_moe_layers, layout, tp_rank=self.tp_rank,
+                              cp_rank=self.cp_rank)
         RouterReplay.set_replay_data([torch.from_numpy(a).to(self.device) for a in per_layer(routes)])
         RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
-    def _forward(self, batch: TrainBatch, indices: list[int], params=None):
-        tokens = [batch.tokens[i] for i in indices]
-        ids, _attention = self._padded(tokens)  # causal: right padding reaches no real token
-        if ids.shape[1] % self.tp:  # sequence parallel splits the sequence over tp
-            ids = torch.nn.functional.pad(ids, (0, self.tp - ids.shape[1] % self.tp))
-        width = ids.shape[1]
-        positions = torch.arange(width, device=self.device).unsqueeze(0).expand(len(tokens), -1)
-        self._replay(batch, indices, width)
-        if params is not None:  # the reference policy: swap its weights in for this forward
-            current = {n: p.data.clone() for n, p in self.params.items()}
+    def _inputs(self, batch: TrainBatch, indices: list[int]) -> torch.Tensor:
+        """The samples' token ids [n, width], right-padded so that the layout splits them:
+        sequence parallel over tp, context parallel into 2 × cp chunks whose pairs then split
+        over tp; and the replayed routes for them."""
+        ids, _attention = self._padded([batch.tokens[i] for i in indices])
+        multiple = self.tp * (2 * self.cp if self.cp > 1 else 1)
+        if ids.shape[1] % multiple:  # causal: right padding reaches no real token
+            ids = torch.nn.functional.pad(ids, (0, multiple - ids.shape[1] % multiple))
+        self._replay(batch, indices, ids.shape[1])
+        return ids
+
+    def _local(self, full: torch.Tensor) -> torch.Tensor:
+        """This context-parallel rank's part of [n, width] per-position values: chunks r and
+        2·cp − 1 − r of 2·cp (megatron's load-balanced order)."""
+        if self.cp == 1:
+            return full
+        chunks = full.chunk(2 * self.cp, dim=1)
+        return torch.cat([chunks[self.cp_rank], chunks[2 * self.cp - 1 - self.cp_rank]], dim=1)
+
+    def _gathered(self, local: torch.Tensor) -> torch.Tensor:
+        """[n, width / cp] values of every context-parallel rank, in sequence order [n, width].
+        Backward: each rank keeps the gradient of its own positions (every rank computes the
+        same loss from the gathered values; DDP sums the ranks' gradients)."""
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+        gathered = gather_from_tensor_model_parallel_region(local.contiguous(), self.cp_group)
+        chunks = gathered.chunk(2 * self.cp, dim=1)
+        return torch.cat([chunks[i] for i in cp_slots(self.cp)], dim=1)
+
+    def _logits(self, ids: torch.Tensor, params=None) -> torch.Tensor:
+        """The model's logits at this rank's positions of ids: [n, width / cp, V / tp]."""
+        positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0).expand_as(ids)
+        ids, positions = self._local(ids), self._local(positions)
+        if params is None:
+            return self.model(ids, positions, None)
+        # the reference policy: swap its weights in for this forward
+        current = {n: p.data.clone() for n, p in self.params.items()}
+        with torch.no_grad():
+            for name, tensor in params.items():
+                self.params[name].data.copy_(tensor)
+        try:
+            return self.model(ids, positions, None)
+        finally:
             with torch.no_grad():
-                for name, tensor in params.items():
+                for name, tensor in current.items():
                     self.params[name].data.copy_(tensor)
-            try:
-                logits = self.model(ids, positions, None)
-            finally:
-                with torch.no_grad():
-                    for name, tensor in current.items():
-                        self.params[name].data.copy_(tensor)
+
+    def _forward(self, batch: TrainBatch, indices: list[int], params=None):
+        ids = self._inputs(batch, indices)
+        return self._pick_responses(self._logits(ids, params), ids,
+                                    [batch.prompt_lens[i] for i in indices],
+                                    [len(batch.tokens[i]) for i in indices])
+
+    def _response_terms(self, batch: TrainBatch, indices: list[int], params=None,
+                        entropy: bool = True):
+        """Under context parallelism a rank holds the logits of its own positions only: the
+        terms are computed there, for every position, then gathered over the group and the
+        responses picked from them."""
+        if self.cp == 1:
+            return super()._response_terms(batch, indices, params, entropy)
+        ids = self._inputs(batch, indices)
+        logits = self._logits(ids, params)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        targets = self._local(ids.roll(-1, dims=1))  # position p predicts token p + 1
+        if entropy:
+            log_probs, entropies = self._token_terms(logits, targets)
         else:
-            logits = self.model(ids, positions, None)
-        return self._pick_responses(logits, ids, [batch.prompt_lens[i] for i in indices],
-                                    [len(t) for t in tokens])
+            log_probs, entropies = self._target_log_probs(logits, targets), None
+        rows, positions, mask = response_positions(
+            [batch.prompt_lens[i] for i in indices], [len(batch.tokens[i]) for i in indices],
+            ids.shape[1])
+        positions = positions.to(self.device)
+        picked = self._gathered(log_probs)[rows, positions]
+        if entropies is not None:
+            entropies = self._gathered(entropies)[rows, positions]
+        return picked, entropies, mask.to(self.device)
 
     def _target_log_probs(self, logits, targets):
         if self.tp == 1:

@@ -35,6 +35,18 @@ SUM_STATS = ("pg_loss", "clipped_tokens", "ppo_kl", "kl", "entropy", "tis_weight
              "tis_truncated_tokens", "rollout_abs_diff")
 
 
+def response_positions(prompt_lens: list[int], lengths: list[int], width: int):
+    """Where each sample's response is predicted in a [n, width] batch: (rows [n, 1],
+    positions [n, R], mask [n, R]), R the longest response; the logit at position p predicts
+    token p + 1, so a response starting at token p is read from position p - 1."""
+    responses = [n - p for n, p in zip(lengths, prompt_lens, strict=True)]
+    rows = torch.arange(len(lengths)).unsqueeze(1)
+    starts = torch.tensor([p - 1 for p in prompt_lens]).unsqueeze(1)
+    offsets = torch.arange(max(responses)).unsqueeze(0)
+    mask = offsets < torch.tensor(responses).unsqueeze(1)
+    return rows, (starts + offsets).clamp(max=width - 1), mask
+
+
 def entropy_metric(log_p: torch.Tensor, rows: int = 2048) -> torch.Tensor:
     """-sum(p log p) over the last axis, without gradients, a few rows at a time: two
     temporaries the size of the logits (p and p log p, 10 GB each for 16k tokens of a
@@ -132,23 +144,24 @@ class TorchTrainingBackend(TrainingBackend):
     def _pick_responses(self, logits, ids, prompt_lens: list[int], lengths: list[int]):
         """Logits / temperature at the positions that predict each sample's response tokens:
         (logits [n, R, V], targets [n, R], mask [n, R]) with R the longest response."""
-        width = ids.shape[1]
-        responses = [n - p for n, p in zip(lengths, prompt_lens, strict=True)]
-        longest = max(responses)
-        rows = torch.arange(len(lengths)).unsqueeze(1)
-        # the logit at position p predicts token p + 1
-        starts = torch.tensor([p - 1 for p in prompt_lens]).unsqueeze(1)
-        offsets = torch.arange(longest).unsqueeze(0)
-        mask = offsets < torch.tensor(responses).unsqueeze(1)
-        positions = (starts + offsets).clamp(max=width - 1)
+        rows, positions, mask = response_positions(prompt_lens, lengths, ids.shape[1])
         if len(lengths) == 1:  # one sample: its response logits are a slice, not a gathered copy
-            picked = logits[:, prompt_lens[0] - 1:prompt_lens[0] - 1 + longest]
+            picked = logits[:, prompt_lens[0] - 1:prompt_lens[0] - 1 + mask.shape[1]]
         else:
             picked = logits[rows, positions.to(logits.device)]
         if self.temperature != 1.0:
             picked = picked / self.temperature
-        targets = ids[rows, (positions + 1).clamp(max=width - 1).to(ids.device)]
+        targets = ids[rows, (positions + 1).clamp(max=ids.shape[1] - 1).to(ids.device)]
         return picked, targets, mask.to(picked.device)
+
+    def _response_terms(self, batch: TrainBatch, indices: list[int], params=None,
+                        entropy: bool = True):
+        """(log-probs [n, R], entropy [n, R] or None, mask [n, R]) of the response tokens of
+        the samples `indices`: one forward, then the terms from the picked logits."""
+        logits, targets, mask = self._forward(batch, indices, params)
+        if entropy:
+            return (*self._token_terms(logits, targets), mask)
+        return self._target_log_probs(logits, targets), None, mask
 
     # ------------------------------------------------------------------------- log-probs
 
@@ -161,12 +174,12 @@ class TorchTrainingBackend(TrainingBackend):
         self.model.eval()
         with torch.no_grad():
             for indices in self._micro_batches(batch):
+                params = self.ref if model == "ref" else None
                 if indices == [PAD]:  # only keeps the ranks' collectives in step
-                    self._forward(batch, [0], self.ref if model == "ref" else None)
+                    self._response_terms(batch, [0], params, entropy=False)
                     continue
-                logits, targets, mask = self._forward(batch, indices,
-                                                      self.ref if model == "ref" else None)
-                values = self._target_log_probs(logits, targets)
+                values, _entropy, mask = self._response_terms(batch, indices, params,
+                                                              entropy=False)
                 for row, index in enumerate(indices):
                     out[index] = values[row][mask[row]].tolist()
         return out
@@ -193,11 +206,10 @@ class TorchTrainingBackend(TrainingBackend):
         for indices in self._micro_batches(batch):
             padding = indices == [PAD]  # sample 0 again, its loss masked out
             indices = [0] if padding else indices
-            logits, targets, mask = self._forward(batch, indices)
+            log_probs, entropy, mask = self._response_terms(batch, indices)
             if padding:
                 mask = torch.zeros_like(mask)
             width = mask.shape[1]
-            log_probs, entropy = self._token_terms(logits, targets)
             old = padded(batch.old_log_probs, indices, width)
             advantages = torch.tensor([batch.advantages[i] for i in indices],
                                       device=self.device).unsqueeze(1).expand(-1, width)

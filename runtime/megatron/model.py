@@ -19,22 +19,92 @@ import torch.nn.functional as F
 from vime.resolve.model import Arch
 
 
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along the first (sequence) dimension; backward: the sum of every rank's
+    gradient for this rank's part (reduce-scatter; all-reduce then this rank's slice where the
+    backend has no reduce-scatter, as gloo on the CPU). megatron-core's own gather allocates
+    on the GPU, so the CPU oracle could not run it."""
+
+    @staticmethod
+    def forward(ctx, local, group):
+        ctx.group = group
+        out = local.new_empty((local.shape[0] * group.size(), *local.shape[1:]))
+        torch.distributed.all_gather_into_tensor(out, local.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, grad = ctx.group, grad.contiguous()
+        size = grad.shape[0] // group.size()
+        if torch.distributed.get_backend(group) == "nccl":
+            out = grad.new_empty((size, *grad.shape[1:]))
+            torch.distributed.reduce_scatter_tensor(out, grad, group=group)
+            return out, None
+        grad = grad.clone()
+        torch.distributed.all_reduce(grad, group=group)
+        return grad[group.rank() * size:(group.rank() + 1) * size], None
+
+
+def cp_slots(cp: int) -> list[int]:
+    """Where chunk j of 2·cp sits when the ranks' halves are gathered in rank order (rank i
+    holds chunks i and 2·cp − 1 − i): read the gathered chunks in this order to get the
+    sequence back."""
+    return [2 * j if j < cp else 2 * (2 * cp - 1 - j) + 1 for j in range(2 * cp)]
+
+
 class FlashCoreAttention(torch.nn.Module):
-    """Drop-in for megatron's core_attention: causal SDPA on [s, b, heads, d] tensors."""
+    """Drop-in for megatron's core_attention: causal SDPA on [s, b, heads, d] tensors.
+
+    Under context parallelism (cp > 1) every rank holds chunks r and 2·cp − 1 − r of each
+    sequence split into 2·cp chunks (megatron's load-balanced order, whose rotary positions
+    GPTModel already gives each rank). The keys and values are all-gathered over the
+    context-parallel group (backward: reduce-scatter, since every rank's queries use every
+    rank's keys), put back in sequence order, and each local chunk attends to the keys up to
+    its own end, causal aligned to the lower right."""
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type,
                  attention_dropout=None, softmax_scale=None, cp_comm_type=None, pg_collection=None):
         super().__init__()
         self.config = config
         self.softmax_scale = softmax_scale
+        self.cp_group = None
+        if config.context_parallel_size > 1:
+            self.cp_group = getattr(pg_collection, "cp", None)
+            if self.cp_group is None:
+                from megatron.core import parallel_state
+
+                self.cp_group = parallel_state.get_context_parallel_group()
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, h, s, d]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                             enable_gqa=q.shape[1] != k.shape[1])
         s, b = query.shape[0], query.shape[1]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, h, s, d]
+        if self.cp_group is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                                 enable_gqa=q.shape[1] != k.shape[1])
+        else:
+            out = self._context_parallel(q, key, value)
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    def _context_parallel(self, q, key, value):
+        from torch.nn.attention.bias import causal_lower_right
+
+        cp, rank = self.cp_group.size(), self.cp_group.rank()
+        chunk = q.shape[2] // 2
+        k, v = (_GatherSequence.apply(t, self.cp_group) for t in (key, value))
+        # gathered in rank order: rank i's chunks i and 2cp-1-i; back to sequence order
+        k, v = (torch.cat([t[i * chunk:(i + 1) * chunk] for i in cp_slots(cp)]).permute(1, 2, 0, 3)
+                for t in (k, v))
+        if k.shape[1] != q.shape[1]:  # grouped-query heads, repeated for the lower-right kernels
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        halves = []
+        for half, position in enumerate((rank, 2 * cp - 1 - rank)):
+            end = (position + 1) * chunk
+            mine = q[:, :, half * chunk:(half + 1) * chunk]
+            halves.append(F.scaled_dot_product_attention(
+                mine, k[:, :, :end], v[:, :, :end], attn_mask=causal_lower_right(chunk, end),
+                scale=self.softmax_scale))
+        return torch.cat(halves, dim=2)
 
 
 class RMSNorm(torch.nn.Module):

@@ -95,24 +95,24 @@ def tis_clip_order(spec: Spec):
 
 @rule("V905", "megatron-backend-no-pp-cp", severity="warning", enforced_by="vime")
 def megatron_backend_no_pp_cp(spec: Spec):
-    """The Megatron training backend runs without pipeline and context parallelism.
+    """The Megatron training backend runs without pipeline parallelism.
 
     vime's Megatron backend (runtime/backends/megatron_train.py) splits the model by tensor
-    parallelism with sequence parallelism (tp), experts (ep, etp) and data parallelism; it
-    has no pipeline schedule (pp) and does not split sequences over ranks (cp), so a plan
-    with either fails when the actors start ("the Megatron backend runs pp = cp = 1").
-    A warning, not an error: the layout is valid for megatron-core (the seed's 2-node
-    scenario uses cp = 2), and the plan, the arguments and the memory are still right; it
-    is vime's runtime that cannot run it yet.
-    Fix: train.parallel pp = 1 and cp = 1; use tp (with sequence_parallel), ep and etp, or
-    more data parallel ranks, to fit the model."""
+    parallelism with sequence parallelism (tp), experts (ep, etp), sequences (cp, with the
+    keys and values all-gathered over the context-parallel group) and data parallelism; it
+    has no pipeline schedule, so a plan with pp > 1 fails when the actors start ("the
+    Megatron backend runs pp = 1"). (The rule's name predates context parallelism, which
+    the backend now runs; names are kept.)
+    A warning, not an error: the layout is valid for megatron-core, and the plan, the
+    arguments and the memory are still right; it is vime's runtime that cannot run it yet.
+    Fix: train.parallel.pp = 1; use tp (with sequence_parallel), cp, ep and etp, or more
+    data parallel ranks, to fit the model."""
     if spec.train.backend != "megatron":
         return
-    for name, what in (("pp", "pipeline"), ("cp", "context")):
-        size = getattr(spec.train.parallel, name)
-        if size != 1:
-            yield Finding(f"train.parallel.{name}",
-                          f"vime's Megatron backend has no {what} parallelism ({name} = "
-                          f"{size}): the job would stop when its training actors start",
-                          help=f"train.parallel.{name} = 1 (tp, ep and etp split the model)",
-                          related=("train.backend",))
+    size = spec.train.parallel.pp
+    if size != 1:
+        yield Finding("train.parallel.pp",
+                      f"vime's Megatron backend has no pipeline parallelism (pp = {size}): "
+                      "the job would stop when its training actors start",
+                      help="train.parallel.pp = 1 (tp, cp, ep and etp split the model)",
+                      related=("train.backend",))
