@@ -52,15 +52,10 @@ class _Host:
     def stop(self) -> None:
         self.backend.stop()
 
-
-class TrainWorker(_Host):
-    """Host of one training rank."""
-
-    def __init__(self, backend_name: str):
-        self.backend = backends.load("training", backend_name)()
-
     def rendezvous(self) -> tuple[str, int]:
-        """This node's address and a free port, for rank 0 to be the process-group master."""
+        """This node's address and a free port: for a training rank 0 to be the
+        process-group master or the NCCL weight-transfer rendezvous, for an engine's DP
+        rank 0 to be vLLM's DP master."""
         try:
             import ray
 
@@ -70,6 +65,13 @@ class TrainWorker(_Host):
         with socket.socket() as sock:
             sock.bind(("", 0))
             return address, sock.getsockname()[1]
+
+
+class TrainWorker(_Host):
+    """Host of one training rank."""
+
+    def __init__(self, backend_name: str):
+        self.backend = backends.load("training", backend_name)()
 
     def init(self, slice: TrainSlice) -> None:
         self.backend.init(slice)
@@ -102,13 +104,30 @@ class TrainWorker(_Host):
 
 
 class RolloutWorker(_Host):
-    """Host of one rollout engine."""
+    """Host of one rollout engine, or of one vLLM data-parallel rank of an engine. The host
+    of an engine with dp > 1 holds its ranks' hosts (runtime/dp_engine.py)."""
 
     def __init__(self, backend_name: str):
+        self.backend_name = backend_name
         self.backend = backends.load("rollout", backend_name)()
 
     def start(self, slice: EngineSlice) -> None:
+        if slice.dp > 1 and slice.dp_rank is None:
+            from runtime.dp_engine import DataParallelEngine
+
+            self.backend = DataParallelEngine(self.backend_name)
         self.backend.start(slice)
+
+    def where(self) -> dict:
+        info = _where()
+        if hasattr(self.backend, "where_ranks"):
+            info["dp_ranks"] = self.backend.where_ranks()
+        return info
+
+    def transfer_backend(self) -> str | None:
+        """vLLM's weight-transfer backend the engine started with; None for an engine
+        without one (the torch engines), which takes the fallback."""
+        return getattr(self.backend, "transfer_backend", None)
 
     def generate(self, requests, params):
         return self.backend.generate(requests, params)
@@ -126,8 +145,10 @@ class RolloutWorker(_Host):
         self.backend.wake(tags)
 
     def ping(self) -> bool:
-        """The supervisor's health check (runtime/supervisor.py): the actor answers."""
-        return True
+        """The supervisor's health check (runtime/supervisor.py): the actor answers (and,
+        for an engine of several DP ranks, so do its ranks)."""
+        return getattr(self.backend, "healthy", lambda: True)()
+
 
     def call(self, method: str, *args):
         """A backend's own method (vLLM's weight-transfer steps, runtime/backends/

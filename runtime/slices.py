@@ -100,6 +100,26 @@ class EngineSlice:
     # the engine shares its GPUs with training ranks (train.colocate): vLLM's weight transfer
     # is then CUDA IPC, else NCCL; its Ray workers take a fraction of each GPU
     colocated: bool = False
+    # set on the slice of one vLLM data-parallel rank of an engine (dp > 1, for_dp_rank):
+    # gpus and bundles are then that rank's; dp_master is rank 0's address and a free port
+    dp_rank: int | None = None
+    dp_master: tuple[str, int] | None = None
+
+    def rank_gpus(self, rank: int) -> range:
+        """Positions in `gpus` of DP rank `rank`: its TP workers, rank after rank."""
+        return range(rank * self.tp, (rank + 1) * self.tp)
+
+    def for_dp_rank(self, rank: int, dp_master: tuple[str, int] | None) -> EngineSlice:
+        """The slice of one DP rank of this engine: its GPUs and bundles only."""
+        if self.dp_rank is not None or not 0 <= rank < self.dp:
+            raise ValueError(f"engine {self.engine}: no DP rank {rank} (dp {self.dp})")
+        if len(self.gpus) != self.tp * self.dp:
+            raise ValueError(f"engine {self.engine}: {len(self.gpus)} GPUs for tp {self.tp} "
+                             f"x dp {self.dp}")
+        picked = self.rank_gpus(rank)
+        return replace(self, gpus=tuple(self.gpus[i] for i in picked),
+                       bundles=tuple(self.bundles[i] for i in picked) if self.bundles else (),
+                       dp_rank=rank, dp_master=dp_master)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ vime compiled (`vllm.args`, checked against vLLM's own parser in tests/oracle/te
   `VLLM_RAY_PER_WORKER_GPUS` = the engine's share of a GPU; the host actor then holds no GPU
   itself. An engine with vLLM data parallelism (dp > 1) needs one `LLM` per DP rank
   (`LLM(data_parallel_size > 1)` raises outside external_launcher, vllm/entrypoints/llm.py):
-  `launch` gives each rank its bundles and VLLM_DP_* variables, but hosting several ranks is
-  not written, and `start` says so.
+  each rank has its own host process (runtime/dp_engine.py), started with its rank's slice,
+  for which `launch` gives its bundles and the VLLM_DP_* variables of vLLM's offline DP.
 - Generation: token-id prompts, one sample per request with the request's seed (so a resumed
   run samples the same), `logprobs=0` for the sampled token's log-prob (vime emits
   `--logprobs-mode processed_logprobs`: after temperature, and after top-p when top_p < 1),
@@ -85,34 +85,43 @@ def launch(slice: EngineSlice, dp_master: tuple[str, int] | None = None,
     placement group with child-task capture, holds no GPU); one bundle keeps vLLM's
     in-process executor and the host takes the GPU share itself. dp > 1 adds vLLM's offline
     DP variables (vllm/config/parallel.py reads VLLM_DP_* when data_parallel_size is 1);
-    `dp_master` is rank 0's address, known only at run time."""
+    `dp_master` is rank 0's address, known only at run time. The slice of one DP rank
+    (EngineSlice.for_dp_rank, what each rank's host starts with) gives that rank alone, with
+    the slice's own dp_master."""
     share = worker_share if slice.colocated else 1.0
-    gpus_per_rank = slice.tp
-    if slice.bundles and len(slice.bundles) != slice.tp * slice.dp:
-        raise ValueError(f"engine {slice.engine}: {len(slice.bundles)} bundles for tp {slice.tp}"
-                         f" x dp {slice.dp}")
-    out = []
-    for rank in range(slice.dp):
-        picked = range(rank * gpus_per_rank, (rank + 1) * gpus_per_rank)
-        bundles = tuple(slice.bundles[i] for i in picked) if slice.bundles else ()
-        nodes = tuple(sorted({slice.gpus[i][0] for i in picked}))
-        kwargs: dict = {"tensor_parallel_size": slice.tp}
-        env: dict[str, str] = {}
-        host_gpus = share
-        if len(bundles) > 1:
-            kwargs["distributed_executor_backend"] = "ray"
-            env["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, bundles))
-            if share != 1.0:
-                env["VLLM_RAY_PER_WORKER_GPUS"] = repr(share)
-            host_gpus = 0.0
-        if slice.dp > 1:
-            kwargs["data_parallel_size"] = 1  # LLM refuses more; the DP size travels in env
-            env.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL="0",
-                       VLLM_DP_SIZE=str(slice.dp))
-            if dp_master is not None:
-                env.update(VLLM_DP_MASTER_IP=dp_master[0], VLLM_DP_MASTER_PORT=str(dp_master[1]))
-        out.append(RankLaunch(rank, bundles, nodes, kwargs, env, host_gpus))
-    return out
+    if slice.dp_rank is not None:
+        if len(slice.gpus) != slice.tp:
+            raise ValueError(f"engine {slice.engine}, DP rank {slice.dp_rank}: "
+                             f"{len(slice.gpus)} GPUs for tp {slice.tp}")
+        ranks = [slice]
+    else:
+        if slice.bundles and len(slice.bundles) != slice.tp * slice.dp:
+            raise ValueError(f"engine {slice.engine}: {len(slice.bundles)} bundles for tp "
+                             f"{slice.tp} x dp {slice.dp}")
+        ranks = [slice.for_dp_rank(r, dp_master) for r in range(slice.dp)]
+    return [_rank_launch(rank, share) for rank in ranks]
+
+
+def _rank_launch(rank: EngineSlice, share: float) -> RankLaunch:
+    bundles, dp_rank = rank.bundles, rank.dp_rank
+    kwargs: dict = {"tensor_parallel_size": rank.tp}
+    env: dict[str, str] = {}
+    host_gpus = share
+    if len(bundles) > 1:
+        kwargs["distributed_executor_backend"] = "ray"
+        env["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, bundles))
+        if share != 1.0:
+            env["VLLM_RAY_PER_WORKER_GPUS"] = repr(share)
+        host_gpus = 0.0
+    if rank.dp > 1:
+        kwargs["data_parallel_size"] = 1  # LLM refuses more; the DP size travels in env
+        env.update(VLLM_DP_RANK=str(dp_rank), VLLM_DP_RANK_LOCAL="0",
+                   VLLM_DP_SIZE=str(rank.dp))
+        if rank.dp_master is not None:
+            env.update(VLLM_DP_MASTER_IP=rank.dp_master[0],
+                       VLLM_DP_MASTER_PORT=str(rank.dp_master[1]))
+    nodes = tuple(sorted({node for node, _ in rank.gpus}))
+    return RankLaunch(dp_rank or 0, bundles, nodes, kwargs, env, host_gpus)
 
 
 def weight_transfer_backend(slice: EngineSlice, kwargs: Mapping) -> str:
@@ -196,13 +205,15 @@ class VllmRolloutBackend(RolloutBackend):
         self.asleep = False
 
     def start(self, slice: EngineSlice) -> None:
+        """One `LLM`: the whole engine when dp is 1, else the DP rank of `slice.dp_rank`
+        (each rank has its own host, runtime/dp_engine.py)."""
         ranks = launch(slice)
         if len(ranks) > 1:
-            raise NotImplementedError(
+            raise ValueError(
                 f"engine {slice.engine}: vLLM data parallelism ({slice.dp} ranks) needs one "
                 "LLM per DP rank (LLM(data_parallel_size > 1) raises outside "
-                "external_launcher); hosting several ranks per engine is not written (issue 8). "
-                "Plan engines with inference.data_parallel_size = 1.")
+                "external_launcher); start each rank from its slice "
+                "(EngineSlice.for_dp_rank), as runtime/dp_engine.py does")
         rank = ranks[0]
         os.environ.update(rank.env)
         if rank.kwargs.get("distributed_executor_backend") == "ray":
@@ -260,6 +271,11 @@ class VllmRolloutBackend(RolloutBackend):
         self.llm.finish_weight_update(weight_version=None if version is None else str(version))
         if version is not None:
             self.version = version
+
+    def shutdown_weight_transfer(self) -> None:
+        """Release the trainer connection (before a new rendezvous, after an engine of the
+        group was replaced)."""
+        self.llm.shutdown_weight_transfer_engine()
 
     def set_weight_version(self, version: int) -> None:
         self.llm.update_weight_version(str(version))
