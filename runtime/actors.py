@@ -18,9 +18,10 @@ import os
 import socket
 from collections.abc import Sequence
 
-from runtime import backends
+from runtime import backends, weight_sync
 from runtime.interfaces import TrainBatch, WeightBucket
 from runtime.slices import EngineSlice, JobConfig, TrainSlice
+from runtime.weight_sync import RankExport, SyncRoute
 
 TRAIN_GPU_SHARE_COLOCATED = 0.4
 ENGINE_GPU_SHARE_COLOCATED = 0.2
@@ -67,13 +68,23 @@ class _Host:
             return address, sock.getsockname()[1]
 
 
+def actor_on_cuda() -> bool:
+    """Whether this process's actor rank can hand vLLM's trainer engines CUDA tensors."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 class TrainWorker(_Host):
     """Host of one training rank."""
 
     def __init__(self, backend_name: str):
         self.backend = backends.load("training", backend_name)()
+        self.rank, self.world = 0, 1
+        self._transfer: tuple | None = None  # (what it was made for, vLLM's trainer engine)
 
     def init(self, slice: TrainSlice) -> None:
+        self.rank, self.world = slice.rank, slice.world_size
         self.backend.init(slice)
 
     def log_probs(self, batch: TrainBatch, model: str):
@@ -83,12 +94,42 @@ class TrainWorker(_Host):
         return self.backend.train_step(batch)
 
     def push_weights(self, engines: Sequence, version: int, bucket_bytes: int) -> int:
-        """Every exported bucket to every engine; returns the bytes sent."""
+        """The fallback path: every exported bucket to every engine's update_weights;
+        returns the bytes sent."""
         sent = 0
         for tensors in self.backend.export_weights(bucket_bytes):
             _call_all(engines, "update_weights", WeightBucket(version, tensors, last=False))
             sent += sum(t.numel() * t.element_size() for t in tensors.values())
         return sent
+
+    def export_traits(self) -> RankExport:
+        """What the choice of a sync path needs to know of this rank (runtime/weight_sync.py).
+        The training backends export on rank 0 only (the Megatron backend gathers there),
+        unless one says every rank yields everything (`exports_on_every_rank`)."""
+        return RankExport(on_cuda=actor_on_cuda(), holds_all=self.world == 1 or bool(
+            getattr(self.backend, "exports_on_every_rank", False)))
+
+    def send_weights(self, engines: Sequence, version: int, bucket_bytes: int,
+                     route: SyncRoute) -> int:
+        """One sync through vLLM's weight-transfer engine (route.path "nccl" or "ipc"). Every
+        rank iterates its export inside vLLM's trainer engine, made on the first sync with
+        these engines and kept for the next ones; rank 0 alone calls the engines. Returns
+        the bytes of this rank's tensors that reached them."""
+        import torch
+
+        from runtime.backends import vllm_weights
+
+        made_for = (route, bucket_bytes, tuple(_handle_key(e) for e in engines))
+        if self._transfer is None or self._transfer[0] != made_for:
+            if self._transfer is not None:
+                self._transfer[1].shutdown()
+            source = vllm_weights.ExportSource(
+                lambda: self.backend.export_weights(bucket_bytes),
+                torch.device("cuda", torch.cuda.current_device()))
+            self._transfer = (made_for, vllm_weights.trainer_engine(
+                engines, route, self.rank, source, bucket_bytes))
+        sent = vllm_weights.send(engines, version, self.rank, self._transfer[1])
+        return sent if self.rank in route.senders else 0
 
     def offload(self) -> None:
         self.backend.offload()
@@ -149,7 +190,6 @@ class RolloutWorker(_Host):
         for an engine of several DP ranks, so do its ranks)."""
         return getattr(self.backend, "healthy", lambda: True)()
 
-
     def call(self, method: str, *args):
         """A backend's own method (vLLM's weight-transfer steps, runtime/backends/
         vllm_weights.py)."""
@@ -160,6 +200,12 @@ class RolloutWorker(_Host):
 
 def _is_ray(handle) -> bool:
     return hasattr(getattr(handle, "where", None), "remote")
+
+
+def _handle_key(handle):
+    """What tells engine hosts apart across calls: a Ray actor's id, else the object."""
+    actor_id = getattr(handle, "_actor_id", None)
+    return actor_id.hex() if actor_id is not None else id(handle)
 
 
 def _call_all(handles: Sequence, method: str, *args, per_handle: Sequence | None = None):
@@ -229,6 +275,7 @@ class TrainGroup:
         self.data_ranks = list(data_ranks) if data_ranks is not None else list(range(len(workers)))
         self.reporting = list(reporting) if reporting is not None else [True] * len(workers)
         self.replicas = max(self.data_ranks) + 1
+        self._route: tuple | None = None  # (the engines it was decided for, SyncRoute)
         if sorted(d for d, r in zip(self.data_ranks, self.reporting, strict=True) if r) \
                 != list(range(self.replicas)):
             raise ValueError("every data-parallel replica needs exactly one reporting rank: "
@@ -268,10 +315,32 @@ class TrainGroup:
                 combined[key] = sum(r.get(key, 0.0) for r in results)
         return combined
 
+    def sync_route(self, rollout: RolloutGroup) -> SyncRoute:
+        """How weights reach these engines (runtime/weight_sync.py), decided on the first
+        sync to this set of engines (a replaced engine makes a new set: a new NCCL
+        rendezvous) and kept."""
+        engines = tuple(_handle_key(h) for h in rollout.workers)
+        if self._route is None or self._route[0] != engines:
+            decided = weight_sync.route(_call_all(rollout.workers, "transfer_backend"),
+                                        _call_all(self.workers, "export_traits"))
+            if decided.path == "nccl":
+                # every rank answers (a torchrun world takes calls on all ranks); rank 0's
+                # node hosts the rendezvous
+                master = _call_all(self.workers, "rendezvous")[0]
+                decided = weight_sync.with_rendezvous(
+                    decided, master, _call_all(rollout.workers, "call", "world_size"))
+            self._route = (engines, decided)
+        return self._route[1]
+
     def push_weights(self, rollout: RolloutGroup, version: int, bucket_bytes: int) -> int:
-        sent = sum(_call_all(self.workers, "push_weights", rollout.workers, version,
-                             bucket_bytes))
-        _call_all(rollout.workers, "update_weights", WeightBucket(version, {}, last=True))
+        route = self.sync_route(rollout)
+        if route.transfer:
+            sent = sum(_call_all(self.workers, "send_weights", rollout.workers, version,
+                                 bucket_bytes, route))
+        else:
+            sent = sum(_call_all(self.workers, "push_weights", rollout.workers, version,
+                                 bucket_bytes))
+            _call_all(rollout.workers, "update_weights", WeightBucket(version, {}, last=True))
         versions = _call_all(rollout.workers, "weight_version")
         if any(v != version for v in versions):
             raise RuntimeError(f"weight update {version}: the engines report {versions}")

@@ -13,8 +13,11 @@ and read the weights from a `WeightSource`. This module gives them vime's pieces
   engines each needs its own `rank_offset` in the group, which this client sets.
 - `trainer_init_info` / `worker_init_infos` / `update_info`: vLLM's own dataclasses, filled
   from the plan (bucket bytes = the packed buffer size, runtime/weights.py).
-- `send(...)`: one sync through vLLM's trainer engine, then the version, then the sample
-  check (runtime/weights.py: the same few tensors hashed in the actor and in every worker).
+- `trainer_engine(...)`: vLLM's trainer engine of one actor rank for a route
+  (runtime/weight_sync.py), made on the first sync and kept by the rank's host
+  (runtime/actors.py, TrainWorker.send_weights); `send(...)`: one sync through it, then the
+  version, then the sample check (runtime/weights.py: the same few tensors hashed in the
+  actor and in every worker).
 
 Imported only by an actor that takes this path (`vllm_rollout.weight_path`); it imports
 vLLM at the top.
@@ -47,11 +50,15 @@ from runtime.actors import _call_all
 
 class ExportSource(WeightSource):
     """The actor's export as vLLM's WeightSource. Every rank owns every name it yields
-    (owners None), so the NCCL trainer engine sends from rank 0 and IPC merges by position."""
+    (owners None), so the NCCL trainer engine sends from rank 0 and IPC merges by position.
+    `device`: where vLLM's trainer engines need the tensors (the rank's GPU: the NCCL
+    communicator and the IPC buffer live there); the backends export host copies."""
 
-    def __init__(self, export: Callable[[], Iterator[dict]]):
+    def __init__(self, export: Callable[[], Iterator[dict]], device=None):
         self._export = export
+        self.device = device
         self.sample: dict = {}  # the sampled tensors of the last pass, for the check
+        self.sent_bytes = 0  # bytes yielded by the last pass
 
     @cached_property
     def metadata(self) -> list[ParamMeta]:
@@ -63,12 +70,13 @@ class ExportSource(WeightSource):
         return frozenset(weights.sample_names(m.name for m in self.metadata))
 
     def iter_full(self):
-        self.sample = {}
+        self.sample, self.sent_bytes = {}, 0
         for bucket in self._export():
             for name, tensor in bucket.items():
                 if name in self.sample_names:
                     self.sample[name] = tensor.detach().to("cpu", copy=True)
-                yield name, tensor
+                self.sent_bytes += tensor.numel() * tensor.element_size()
+                yield name, (tensor if self.device is None else tensor.to(self.device))
 
 
 class EngineClient:
@@ -148,10 +156,6 @@ def update_info(backend: str, metadata: Sequence[ParamMeta], ipc_handles=None,
                                               tensor_sizes=tensor_sizes))
 
 
-def engine_worlds(engines: Sequence) -> list[int]:
-    return _call_all(engines, "call", "world_size")
-
-
 def check_sample(engines: Sequence, actor_tensors: dict) -> None:
     """Compare the sampled tensors of every worker of every engine with the actor's."""
     names = sorted(actor_tensors)
@@ -165,21 +169,43 @@ def check_sample(engines: Sequence, actor_tensors: dict) -> None:
                                    + "; ".join(wrong))
 
 
-def send(engines: Sequence, export: Callable[[], Iterator[dict]], version: int, rank: int,
-         info, engine=None):
-    """One weight sync through vLLM's trainer engine (created, with its rendezvous, on the
-    first call and returned for the next ones: the export callable must stay the same), the
-    version set on every engine, then the sample check on rank 0. Every actor rank calls it."""
+def trainer_engine(engines: Sequence, route, rank: int, source: ExportSource,
+                   bucket_bytes: int):
+    """vLLM's trainer engine of this actor rank for a route (runtime/weight_sync.py): the
+    init info from the route (NCCL: rank 0's rendezvous, one rank range per engine), a
+    client over the engines on the rank that drives them (rank 0; the others get none and
+    vLLM never calls theirs), and the export as its source. On rank 0 this is the
+    rendezvous: the engines' previous trainer connection is released first."""
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    if engine is None:
-        client = EngineClient(engines, engine_worlds(engines))
-        engine = WeightTransferTrainerFactory.trainer_init(
-            init_info=info, client=client, source=ExportSource(export))
+    driving = route.drives(rank)
+    worlds = list(route.engine_worlds) or [1] * len(engines)
+    if route.path == "ipc":
+        # vLLM's packed IPC refuses a tensor larger than its buffer (packed_ipc_producer);
+        # the metadata pass is collective, and every IPC rank takes it
+        bucket_bytes = max([bucket_bytes] + [_nbytes(m) for m in source.metadata])
+    info = trainer_init_info(route.path, rank, bucket_bytes, route.master, worlds)
+    if driving:
+        _call_all(engines, "call", "shutdown_weight_transfer")
+    client = EngineClient(engines if driving else [], worlds if driving else [])
+    return WeightTransferTrainerFactory.trainer_init(init_info=info, client=client,
+                                                     source=source)
+
+
+def _nbytes(meta: ParamMeta) -> int:
+    import math
+
+    return math.prod(meta.shape) * meta.dtype.itemsize
+
+
+def send(engines: Sequence, version: int, rank: int, engine) -> int:
+    """One weight sync through a trainer engine (`trainer_engine`, made on the first sync
+    and kept for the next ones), then, on rank 0, the version set on every engine and the
+    sample check. Every actor rank calls it. Returns the bytes this rank's export yielded."""
     engine.send_weights()
     if rank == 0:
         # send_weights finished the round without a version (a second finish would finalize
         # a reload that was never started): set it on its own, as LLM.update_weight_version
         _call_all(engines, "call", "set_weight_version", version)
         check_sample(engines, engine.source.sample)
-    return engine
+    return engine.source.sent_bytes

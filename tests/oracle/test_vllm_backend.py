@@ -214,3 +214,97 @@ def test_the_export_is_a_weight_source_vllms_trainer_engines_accept():
     assert not engine.is_sender  # rank 1: no rendezvous, no RPC; only rank 0 sends
     assert weights.sample_names(state) == ["model.norm.weight",
                                            "model.layers.0.input_layernorm.weight"]
+
+
+# ------------------------------------- the actor's trainer engines, routes and DP ranks
+
+from vllm.config.parallel import ParallelConfig  # noqa: E402
+from vllm.distributed.weight_transfer.nccl_common import _worker_group_rank  # noqa: E402
+from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
+    NCCLTrainerWeightTransferEngine,
+)
+
+from runtime import weight_sync  # noqa: E402
+from runtime.backends.vllm_rollout import VllmRolloutBackend  # noqa: E402
+
+
+class _EngineHost:
+    """An engine host as the actor's client reaches it (RolloutWorker.call); the LLM behind
+    it needs a GPU, so it records what it is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call(self, method, *args):
+        self.calls.append((method, *args))
+
+
+def _state():
+    import torch
+
+    return {"model.norm.weight": torch.ones(8), "model.layers.0.input_layernorm.weight":
+            torch.full((8,), 2.0), "model.embed_tokens.weight": torch.zeros(64, 8)}
+
+
+def test_vllms_trainer_engines_are_built_from_the_routes():
+    ranks = [weight_sync.RankExport(on_cuda=True, holds_all=False)] * 2
+    route = weight_sync.with_rendezvous(weight_sync.route(["nccl", "nccl"], ranks),
+                                        ("10.0.0.1", 29600), [8, 16])
+    state = _state()
+    hosts = [_EngineHost(), _EngineHost()]
+    # rank 1: vLLM's NCCL trainer engine, a non-sender with no client calls
+    source = vllm_weights.ExportSource(lambda: iter([]))  # rank 1's export yields nothing
+    engine = vllm_weights.trainer_engine(hosts, route, 1, source, 64 << 20)
+    assert isinstance(engine, NCCLTrainerWeightTransferEngine) and not engine.is_sender
+    assert engine.client.engines == [] and all(h.calls == [] for h in hosts)
+    assert engine.packed_buffer_size_bytes == 64 << 20
+    # rank 0's handshake: vLLM's own worker payload through the client to each engine, with
+    # the route's rank ranges (the rendezvous itself needs CUDA and is not run)
+    info = vllm_weights.trainer_init_info("nccl", 0, 64 << 20, route.master,
+                                          route.engine_worlds)
+    assert info.world_size == route.group_size == 25 and info.is_sender
+    client = vllm_weights.EngineClient(hosts, route.engine_worlds)
+    client.init_weight_transfer_engine(NCCLTrainerWeightTransferEngine
+                                       ._build_worker_init_payload(info))
+    assert [h.calls[0][0] for h in hosts] == ["init_weight_transfer"] * 2
+    payloads = [h.calls[0][1] for h in hosts]
+    parsed = [NCCLWeightTransferInitInfo(**p) for p in payloads]
+    assert [p.rank_offset for p in parsed] == list(route.rank_offsets()) == [1, 9]
+    assert {(p.master_address, p.master_port, p.world_size) for p in parsed} == {
+        ("10.0.0.1", 29600, 25)}
+    # the export as the engine's source: the rank's device, its bytes, the sample
+    sent = vllm_weights.ExportSource(lambda: iter([state]), device="cpu")
+    assert [n for n, _ in sent.iter_full()] == list(state)
+    assert sent.sent_bytes == sum(t.numel() * t.element_size() for t in state.values())
+    assert sorted(sent.sample) == ["model.layers.0.input_layernorm.weight",
+                                   "model.norm.weight"]
+
+
+def test_each_dp_rank_of_the_24_gpu_engine_is_one_of_vllms_dp_ranks(monkeypatch):
+    engine = _engine_slice("qwen3_30b_24gpu_eplb")
+    master = ("10.0.0.1", 29555)
+    with pytest.raises(ValueError, match="one LLM per DP rank"):  # the whole engine
+        VllmRolloutBackend().start(engine)
+    group_ranks = []
+    for dp_rank in range(engine.dp):
+        rank_slice = engine.for_dp_rank(dp_rank, master)  # what the rank's host starts with
+        [rank] = launch(rank_slice)
+        assert rank.bundles == tuple(range(8 * dp_rank, 8 * dp_rank + 8))
+        for name, value in rank.env.items():
+            monkeypatch.setenv(name, value)
+        kwargs = {**engine_kwargs(engine.args), **rank.kwargs}
+        assert EngineArgs(**kwargs).data_parallel_size == 1  # LLM accepts it
+        # vLLM's own ParallelConfig reads the DP layout from the rank's environment ("mp":
+        # this venv has no Ray, which the "ray" executor asserts)
+        config = ParallelConfig(tensor_parallel_size=kwargs["tensor_parallel_size"],
+                                data_parallel_size=kwargs["data_parallel_size"],
+                                enable_expert_parallel=True, distributed_executor_backend="mp")
+        assert (config.data_parallel_size, config.data_parallel_rank) == (3, dp_rank)
+        assert (config.data_parallel_master_ip, config.data_parallel_master_port) == master
+        # every rank reports the engine's whole world: the NCCL group's size for the engine
+        assert config.world_size_across_dp == 24
+        for worker in range(config.world_size):
+            config.rank = worker
+            group_ranks.append(_worker_group_rank(1, config))
+    # all DP ranks take the engine's payload (offset 1); vLLM spreads their workers over it
+    assert sorted(group_ranks) == list(range(1, 25))
