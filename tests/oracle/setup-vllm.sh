@@ -31,5 +31,6 @@ echo "vLLM oracle venv ready: $VENV"
 if [ "${1:-}" = "--run" ]; then
     shift
     cd "$ROOT"
-    exec "$VENV/bin/python" -m pytest -p no:cacheprovider tests/oracle/test_vllm.py "$@"
+    exec "$VENV/bin/python" -m pytest -p no:cacheprovider tests/oracle/test_vllm.py \
+        tests/oracle/test_vllm_backend.py "$@"
 fi
