@@ -86,7 +86,7 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
                 mask: torch.Tensor, normalizer: float, config: LossConfig,
                 ref_log_probs: torch.Tensor | None = None,
                 rollout_log_probs: torch.Tensor | None = None,
-                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO loss of one micro-batch and the sums its metrics are built from.
 
     All tensors are per token, same shape; advantages already broadcast to tokens; mask is 1
@@ -101,34 +101,36 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
 
     The returned stats are sums over this micro-batch's tokens (the caller adds them over
     micro-batches and ranks, then divides by the token count): pg_loss, clipped tokens,
-    ppo_kl (old - new), kl, entropy, tis weight, tis-truncated tokens."""
+    ppo_kl (old - new), kl, entropy, tis weight, tis-truncated tokens. They are 0-d tensors
+    on the loss's device: reading one (float()) waits for the GPU, which between a forward
+    and its backward would hold back the launches of the backward; a step reads them once."""
     mask = mask.float()
     log_ratio = log_probs - old_log_probs
     ratio = torch.exp(log_ratio)
     pg_unclipped = -advantages * ratio
     pg_clipped = -advantages * ratio.clamp(1.0 - config.eps_clip, 1.0 + config.eps_clip_high)
     pg = torch.maximum(pg_unclipped, pg_clipped)
-    stats = {"clipped_tokens": float(((pg_clipped > pg_unclipped).float() * mask).sum()),
-             "ppo_kl": float((-log_ratio.detach() * mask).sum())}
+    stats = {"clipped_tokens": ((pg_clipped > pg_unclipped).float() * mask).sum(),
+             "ppo_kl": (-log_ratio.detach() * mask).sum()}
     if config.tis:
         if rollout_log_probs is None:
             raise ValueError("algorithm.tis needs the rollout's log-probs")
         weights = tis_weights(old_log_probs, rollout_log_probs, config.tis_clip,
                               config.tis_clip_low)
         pg = pg * weights
-        stats["tis_weight"] = float((weights * mask).sum())
+        stats["tis_weight"] = (weights.detach() * mask).sum()
         raw = torch.exp(old_log_probs - rollout_log_probs)
-        stats["tis_truncated_tokens"] = float(
-            (((raw > config.tis_clip) | (raw < config.tis_clip_low)).float() * mask).sum())
-    stats["pg_loss"] = float((pg.detach() * mask).sum())
+        stats["tis_truncated_tokens"] = (
+            ((raw > config.tis_clip) | (raw < config.tis_clip_low)).float() * mask).sum()
+    stats["pg_loss"] = (pg.detach() * mask).sum()
     total = pg
     if ref_log_probs is not None:
         kl = kl_estimate(log_probs, ref_log_probs, config.kl_estimator)
-        stats["kl"] = float((kl.detach() * mask).sum())
+        stats["kl"] = (kl.detach() * mask).sum()
         if config.kl_loss_coef:
             total = total + config.kl_loss_coef * kl
     if entropy is not None:
-        stats["entropy"] = float((entropy.detach() * mask).sum())
+        stats["entropy"] = (entropy.detach() * mask).sum()
         if config.entropy_coef:
             total = total - config.entropy_coef * entropy
     loss = (total * mask).sum() / normalizer

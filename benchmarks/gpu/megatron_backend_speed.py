@@ -4,12 +4,18 @@ train_step with the GRPO loss) against a plain megatron-core loop on the same mo
 optimizer step). Qwen3-30B-A3B layer shapes, `--layers` layers, one sequence of `--tokens`.
 
     python benchmarks/gpu/megatron_backend_speed.py --layers 2 --tokens 8192 --out $OUT/speed.json
+
+With `--rounds N` the two loops alternate N times in one process (`--repeats` steps each per
+round) and the ratio of each round is kept: the plain loop's own speed varied by ±15% between
+separate calls, so one call of each says little. `--profile DIR` writes the CUDA kernel
+time table of one step of each (torch.profiler) to DIR.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from types import MappingProxyType
 
@@ -21,8 +27,9 @@ from runtime.slices import LossConfig, ModelSlice, OptimizerSlice, TrainSlice
 from vime.resolve.model import PRESETS
 
 
-def timed(step, repeats: int) -> float:
-    step()  # warm-up (allocations, Adam state)
+def timed(step, repeats: int, warm_up: bool = True) -> float:
+    if warm_up:
+        step()  # allocations, Adam state
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -37,6 +44,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--profile", help="a folder for the kernel tables of one step of each")
     args = parser.parse_args()
     arch = {**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": args.layers,
             "max_position_embeddings": max(args.tokens, 4096)}
@@ -56,7 +65,9 @@ def main() -> None:
     response = args.tokens - 1
     batch = TrainBatch(tokens=[tokens], prompt_lens=[1], advantages=[0.5],
                        old_log_probs=[[-2.0] * response], step_response_tokens=response)
-    backend_s = timed(lambda: backend.train_step(batch), args.repeats)
+
+    def backend_step():
+        backend.train_step(batch)
 
     # the plain megatron-core loop on the same module, optimizer and tokens
     ids = torch.tensor([tokens], device="cuda")
@@ -73,11 +84,46 @@ def main() -> None:
         backend.model.finish_grad_sync()
         backend.optimizer.step()
 
-    plain_s = timed(plain_step, args.repeats)
+    backend_step(), plain_step()  # warm-up
+    pairs = [(timed(backend_step, args.repeats, False), timed(plain_step, args.repeats, False))
+             for _ in range(args.rounds)]
+    backend_s = statistics.median(b for b, _ in pairs)
+    plain_s = statistics.median(p for _, p in pairs)
+    ratios = [p / b for b, p in pairs]
     result = {"layers": args.layers, "tokens": args.tokens, "device": torch.cuda.get_device_name(),
+              "repeats": args.repeats, "rounds": args.rounds,
               "backend_step_s": backend_s, "plain_step_s": plain_s,
               "backend_tokens_per_s": args.tokens / backend_s,
-              "plain_tokens_per_s": args.tokens / plain_s, "ratio": plain_s / backend_s}
+              "plain_tokens_per_s": args.tokens / plain_s,
+              "ratio": statistics.median(ratios), "ratio_per_round": ratios}
+    if args.profile:
+        from pathlib import Path
+
+        from torch.profiler import ProfilerActivity, profile
+
+        folder = Path(args.profile)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, step in (("backend", backend_step), ("plain", plain_step)):
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            (folder / f"{name}_kernels.txt").write_text(prof.key_averages().table(
+                sort_by="cuda_time_total", row_limit=40))
+            # the host side: where Python spends a step (the step is launch-bound when the
+            # GPU time of the two loops agrees and their wall time does not)
+            import cProfile
+            import io
+            import pstats
+
+            host = cProfile.Profile()
+            host.enable()
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            host.disable()
+            text = io.StringIO()
+            pstats.Stats(host, stream=text).sort_stats("cumulative").print_stats(45)
+            (folder / f"{name}_host.txt").write_text(text.getvalue())
     print(json.dumps(result, indent=1))
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1)

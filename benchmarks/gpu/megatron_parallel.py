@@ -14,7 +14,9 @@ against transformers on the same HF weights.
 5. one GRPO step: finite loss, weights moved, and the replicated weights (norms, router)
    still equal on every rank (with `--set train.optimizer.cpu_offload=true`: Adam on the
    host, megatron-core's HybridDeviceOptimizer);
-6. checkpoint: save, a second step, load, and the weights are back (dist-checkpointing).
+6. checkpoint: save, a second step, load, and the weights are back (dist-checkpointing); so
+   are the optimizer's fp32 main weights, Adam moments and step counts (compared tensor by
+   tensor, counted per kind).
 """
 
 from __future__ import annotations
@@ -94,6 +96,51 @@ def _hf_reference(folder: Path, batch, dtype):
     del model
     torch.cuda.empty_cache()
     return values, routes
+
+
+def _optimizer_state(backend) -> dict:
+    """Every tensor of the optimizer's state by position: the fp32 main weights the inner
+    optimizer steps (its param groups) and their Adam state."""
+    out = {}
+    for i, opt in enumerate(getattr(backend.optimizer, "chained_optimizers", [backend.optimizer])):
+        inner = opt.optimizer
+        for g, group in enumerate(inner.param_groups):
+            for j, param in enumerate(group["params"]):
+                out[(i, g, j, "main")] = param.detach().clone()
+                for key, value in inner.state.get(param, {}).items():
+                    if torch.is_tensor(value):
+                        out[(i, g, j, key)] = value.detach().clone()
+    return out
+
+
+def _live_steps(backend) -> list:
+    """Adam's step tensors as the optimizer holds them (not copies: whether parameters share
+    one tensor is the point)."""
+    return [state["step"] for opt in getattr(backend.optimizer, "chained_optimizers",
+                                             [backend.optimizer])
+            for state in opt.optimizer.state.values() if "step" in state]
+
+
+def _adam_step_report(steps: list) -> dict:
+    return {"values": sorted({float(t) for t in steps}),
+            "distinct_tensors": f"{len({id(t) for t in steps})}/{len(steps)}"}
+
+
+def _steps_after_load(backend, ckpt: Path, step, saved_state: dict) -> dict:
+    """Adam's step counts: saved, after a load and after one more step, with megatron-core's
+    load alone and with the backend's restore of the counts (runtime/backends/
+    megatron_train.py, _restore_adam_steps)."""
+    out = {"saved": {"values": sorted({float(t) for k, t in saved_state.items()
+                                       if k[-1] == "step"})}}
+    restore = backend._restore_adam_steps
+    for name, fix in (("megatron_load", lambda steps: None), ("backend_load", restore)):
+        backend._restore_adam_steps = fix
+        backend.load(ckpt)
+        out[name] = _adam_step_report(_live_steps(backend))
+        backend.train_step(step)
+        out[name + "_then_one_step"] = _adam_step_report(_live_steps(backend))
+    backend._restore_adam_steps = restore
+    return out
 
 
 def check(folder: Path, tp: int, ep: int, out: Path | None, extra: tuple[str, ...] = ()) -> None:
@@ -184,10 +231,24 @@ def check(folder: Path, tp: int, ep: int, out: Path | None, extra: tuple[str, ..
     ckpt = Path(holder[0])
     backend.save(ckpt)
     saved = {n: p.detach().clone() for n, p in backend.params.items()}
+    saved_state = _optimizer_state(backend)
     backend.train_step(step)
     backend.load(ckpt)
     result["checkpoint_restores_weights"] = all(torch.equal(saved[n], p.detach())
                                                 for n, p in backend.params.items())
+    loaded_state = _optimizer_state(backend)
+    kinds: dict = {}
+    for key, tensor in saved_state.items():
+        kind = kinds.setdefault(key[-1], {"equal": 0, "of": 0, "max_abs_diff": 0.0})
+        kind["of"] += 1
+        other = loaded_state.get(key)
+        if other is not None and torch.equal(tensor, other):
+            kind["equal"] += 1
+        elif other is not None and other.shape == tensor.shape:
+            kind["max_abs_diff"] = max(kind["max_abs_diff"],
+                                       float((tensor.float() - other.float()).abs().max()))
+    result["checkpoint_restores_optimizer"] = kinds
+    result["adam_steps"] = _steps_after_load(backend, ckpt, step, saved_state)
     result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     results = [None] * dist.get_world_size()
     dist.gather_object(result, results if rank == 0 else None, dst=0)

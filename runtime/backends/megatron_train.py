@@ -265,11 +265,11 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         rows, positions, mask = response_positions(
             [batch.prompt_lens[i] for i in indices], [len(batch.tokens[i]) for i in indices],
             ids.shape[1])
-        positions = positions.to(self.device)
+        positions = self._to_device(positions)
         picked = self._gathered(log_probs)[rows, positions]
         if entropies is not None:
             entropies = self._gathered(entropies)[rows, positions]
-        return picked, entropies, mask.to(self.device)
+        return picked, entropies, self._to_device(mask)
 
     def _target_log_probs(self, logits, targets):
         if self.tp == 1:
@@ -313,7 +313,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
     # -------------------------------------------------------------------------- training
 
     def _begin_step(self) -> None:
-        self.model.train()
+        if not self.model.training:  # a walk over every module: only when it changes
+            self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
@@ -411,8 +412,38 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                          model_state, metadata=OPTIMIZER_METADATA)}
             (path / "torch_dist").mkdir(exist_ok=True)
             dist_checkpointing.save(state, str(path / "torch_dist"))
-        torch.save({"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all()},
+        torch.save({"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all(),
+                    "adam_steps": self._adam_steps()},
                    path / f"rng_rank{self.slice.rank}.pt")
+
+    def _torch_adams(self) -> list:
+        """The inner torch optimizers whose per-parameter state holds Adam's step count (not
+        the HybridDeviceOptimizer of CPU Adam, which megatron-core restores itself)."""
+        from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+
+        inner = [o.optimizer for o in getattr(self.optimizer, "chained_optimizers",
+                                              [self.optimizer])]
+        return [o for o in inner if not isinstance(o, HybridDeviceOptimizer)]
+
+    def _adam_steps(self) -> list[float | None]:
+        steps = []
+        for inner in self._torch_adams():
+            counts = {float(s["step"]) for s in inner.state.values() if "step" in s}
+            steps.append(max(counts) if counts else None)
+        return steps
+
+    def _restore_adam_steps(self, steps: list[float | None]) -> None:
+        """Adam's step count as saved, one tensor per parameter. megatron-core's
+        DistributedOptimizer (without Apex or Transformer Engine) reloads the step through its
+        param_groups and gives every parameter the same tensor object; torch's Adam then adds
+        1 to that one tensor once per parameter at every step, so the bias corrections of a
+        resumed run differ from the uninterrupted run's (docs/gpu-runs.md, third session)."""
+        for inner, step in zip(self._torch_adams(), steps, strict=True):
+            if step is None:
+                continue
+            for state in inner.state.values():
+                if "step" in state:
+                    state["step"] = torch.full_like(state["step"], step)
 
     def _fresh_adam_state(self) -> None:
         """A resumed job loads into an optimizer that has not stepped: give torch's Adam the
@@ -446,5 +477,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             self.gpt.load_state_dict(state["model"], strict=False)
             self.optimizer.load_state_dict(state["optimizer"])
         rng = torch.load(path / f"rng_rank{self.slice.rank}.pt", weights_only=False)
+        if "adam_steps" in rng:
+            self._restore_adam_steps(rng["adam_steps"])
         torch.set_rng_state(rng["torch"])
         torch.cuda.set_rng_state_all(rng["cuda"])

@@ -131,6 +131,13 @@ class TorchTrainingBackend(TrainingBackend):
         return self._pick_responses(logits, ids, [batch.prompt_lens[i] for i in indices],
                                     [len(t) for t in tokens])
 
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the backend's device without waiting for the GPU (a copy from
+        pageable memory waits for the work queued before it; pinned memory does not)."""
+        if self.device.type != "cuda":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
     def _padded(self, tokens: list[list[int]]):
         """Right-padded token ids [n, longest] and their attention mask, on the device."""
         width = max(len(t) for t in tokens)
@@ -139,7 +146,7 @@ class TorchTrainingBackend(TrainingBackend):
         for row, seq in enumerate(tokens):
             ids[row, :len(seq)] = torch.tensor(seq)
             attention[row, :len(seq)] = 1
-        return ids.to(self.device), attention.to(self.device)
+        return self._to_device(ids), self._to_device(attention)
 
     def _pick_responses(self, logits, ids, prompt_lens: list[int], lengths: list[int]):
         """Logits / temperature at the positions that predict each sample's response tokens:
@@ -148,11 +155,11 @@ class TorchTrainingBackend(TrainingBackend):
         if len(lengths) == 1:  # one sample: its response logits are a slice, not a gathered copy
             picked = logits[:, prompt_lens[0] - 1:prompt_lens[0] - 1 + mask.shape[1]]
         else:
-            picked = logits[rows, positions.to(logits.device)]
+            picked = logits[rows, self._to_device(positions)]
         if self.temperature != 1.0:
             picked = picked / self.temperature
-        targets = ids[rows, (positions + 1).clamp(max=ids.shape[1] - 1).to(ids.device)]
-        return picked, targets, mask.to(picked.device)
+        targets = ids[rows, self._to_device((positions + 1).clamp(max=ids.shape[1] - 1))]
+        return picked, targets, self._to_device(mask)
 
     def _response_terms(self, batch: TrainBatch, indices: list[int], params=None,
                         entropy: bool = True):
@@ -193,7 +200,8 @@ class TorchTrainingBackend(TrainingBackend):
             raise ValueError("train_step needs advantages, old_log_probs and "
                              "step_response_tokens")
         self._begin_step()
-        sums = dict.fromkeys(SUM_STATS, 0.0)
+        # the sums stay on the device until the step's end: reading one waits for the GPU
+        sums: dict = dict.fromkeys(SUM_STATS, 0.0)
         sums["response_tokens"] = 0.0
 
         def padded(column, indices, width):
@@ -201,21 +209,22 @@ class TorchTrainingBackend(TrainingBackend):
             for row, index in enumerate(indices):
                 values = column[index]
                 out[row, :len(values)] = torch.tensor(values, dtype=torch.float32)
-            return out.to(self.device)
+            return self._to_device(out)
 
         for indices in self._micro_batches(batch):
             padding = indices == [PAD]  # sample 0 again, its loss masked out
             indices = [0] if padding else indices
-            log_probs, entropy, mask = self._response_terms(batch, indices)
-            if padding:
-                mask = torch.zeros_like(mask)
-            width = mask.shape[1]
+            # the host's tensors first, so that nothing waits on the GPU mid-step
+            width = max(len(batch.tokens[i]) - batch.prompt_lens[i] for i in indices)
             old = padded(batch.old_log_probs, indices, width)
-            advantages = torch.tensor([batch.advantages[i] for i in indices],
-                                      device=self.device).unsqueeze(1).expand(-1, width)
+            advantages = self._to_device(torch.tensor(
+                [batch.advantages[i] for i in indices])).unsqueeze(1).expand(-1, width)
             ref = padded(batch.ref_log_probs, indices, width) if batch.ref_log_probs else None
             rollout = (padded(batch.rollout_log_probs, indices, width)
                        if batch.rollout_log_probs else None)
+            log_probs, entropy, mask = self._response_terms(batch, indices)
+            if padding:
+                mask = torch.zeros_like(mask)
             loss, stats = algorithm.policy_loss(
                 log_probs, old, advantages, mask, batch.step_response_tokens, self.slice.loss,
                 ref_log_probs=ref, rollout_log_probs=rollout, entropy=entropy)
@@ -224,10 +233,10 @@ class TorchTrainingBackend(TrainingBackend):
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
             if rollout is not None:
-                sums["rollout_abs_diff"] += float(((old - rollout).abs() * mask).sum())
-            sums["response_tokens"] += float(mask.sum())
-        sums.update(self._finish_step())
-        return sums
+                sums["rollout_abs_diff"] += ((old - rollout).abs() * mask).sum()
+            sums["response_tokens"] += mask.sum()
+        stepped = self._finish_step()
+        return {**{key: float(value) for key, value in sums.items()}, **stepped}
 
     def _target_log_probs(self, logits, targets):
         """Log-probs of the targets only (no entropy): the log-prob passes."""
@@ -244,7 +253,8 @@ class TorchTrainingBackend(TrainingBackend):
         return log_probs, entropy_metric(log_p)
 
     def _begin_step(self) -> None:
-        self.model.train()
+        if not self.model.training:  # a walk over every module: only when it changes
+            self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
 
     def _before_backward(self) -> None:

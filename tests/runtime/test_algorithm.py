@@ -84,7 +84,7 @@ def _loss(config: LossConfig, **extra):
     loss, stats = algorithm.policy_loss(log_probs, old, torch.tensor(ADVANTAGES),
                                         torch.tensor(MASK), 4.0, config, **extra)
     loss.backward()
-    return loss, stats, log_probs.grad
+    return loss, {key: float(value) for key, value in stats.items()}, log_probs.grad
 
 
 def test_clipped_policy_loss_by_hand():
