@@ -104,8 +104,10 @@ class TrainWorker(_Host):
 
     def export_traits(self) -> RankExport:
         """What the choice of a sync path needs to know of this rank (runtime/weight_sync.py).
-        The training backends export on rank 0 only (the Megatron backend gathers there),
-        unless one says every rank yields everything (`exports_on_every_rank`)."""
+        The training backends export on rank 0 by default; a backend with
+        `exports_on_every_rank` (both of vime's: the torch one is data parallel, the
+        Megatron gather leaves every full tensor on every rank) yields everything on every
+        rank when asked, which vLLM's IPC path needs."""
         return RankExport(on_cuda=actor_on_cuda(), holds_all=self.world == 1 or bool(
             getattr(self.backend, "exports_on_every_rank", False)))
 
@@ -123,8 +125,10 @@ class TrainWorker(_Host):
         if self._transfer is None or self._transfer[0] != made_for:
             if self._transfer is not None:
                 self._transfer[1].shutdown()
+            # IPC: every rank shares its own copies with the worker on its GPU
+            every_rank = route.path == "ipc"
             source = vllm_weights.ExportSource(
-                lambda: self.backend.export_weights(bucket_bytes),
+                lambda: self.backend.export_weights(bucket_bytes, every_rank=every_rank),
                 torch.device("cuda", torch.cuda.current_device()))
             self._transfer = (made_for, vllm_weights.trainer_engine(
                 engines, route, self.rank, source, bucket_bytes))

@@ -341,16 +341,20 @@ class MegatronTrainingBackend(TorchTrainingBackend):
 
     # --------------------------------------------------------------------------- weights
 
-    def export_weights(self, bucket_bytes: int) -> Iterator[dict]:
-        """Full tensors gathered from every rank (a collective: all ranks iterate), sent by
-        rank 0 under HF names."""
+    # the gather leaves every full tensor on every rank
+    exports_on_every_rank = True
+
+    def export_weights(self, bucket_bytes: int, every_rank: bool = False) -> Iterator[dict]:
+        """Full tensors gathered from every rank (a collective: all ranks iterate), under HF
+        names: host copies on rank 0, or with every_rank, device copies on every rank."""
         with self._readable():
             for bucket in shards.gather(self.gpt, bucket_bytes):
-                if self.slice.rank != 0:
+                if self.slice.rank != 0 and not every_rank:
                     continue
                 out = {}
                 for name, tensor in bucket.items():
-                    out.update({k: v.to("cpu", copy=True).contiguous()
+                    out.update({k: (v.clone() if every_rank else v.to("cpu", copy=True))
+                                .contiguous()
                                 for k, v in tensor_to_hf(name, tensor, self.arch).items()})
                 yield out
 

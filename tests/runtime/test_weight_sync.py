@@ -12,7 +12,7 @@ from runtime import actors, placement, weight_sync
 from runtime.weight_sync import COLLECTIVE_RPC, RankExport
 
 CUDA_ALL = RankExport(on_cuda=True, holds_all=True)
-CUDA_RANK0 = RankExport(on_cuda=True, holds_all=False)  # Megatron: rank 0 gathers
+CUDA_RANK0 = RankExport(on_cuda=True, holds_all=False)  # a backend that exports on rank 0 only
 CPU = RankExport(on_cuda=False, holds_all=True)
 
 
@@ -43,7 +43,7 @@ def test_nccl_sends_from_rank_0_into_one_group_with_a_rank_range_per_engine():
 def test_ipc_needs_every_rank_to_hold_every_tensor():
     # one actor rank: it holds everything, and shares it with the engine on its GPU
     assert weight_sync.route(["ipc"], [CUDA_RANK0]).path == "ipc"
-    # the colocated seed specs' Megatron actors export on rank 0 only: the fallback
+    # ranks of a backend that exports on rank 0 only: the fallback
     megatron = weight_sync.route(["ipc"], [CUDA_RANK0] * 8)
     assert (megatron.path, megatron.senders) == (COLLECTIVE_RPC, tuple(range(8)))
     # an actor whose ranks each yield everything: each rank sends to its own GPU's worker
@@ -81,8 +81,8 @@ def test_the_torch_pair_on_ray_keeps_the_fallback_and_reports_what_decides(tmp_p
         train, rollout = actors.ray_groups(config, group, cpu_threads=1)
         assert ray.get([e.transfer_backend.remote() for e in rollout.workers]) == [None, None]
         traits = ray.get([t.export_traits.remote() for t in train.workers])
-        # no CUDA here; two ranks that export on rank 0 only
-        assert traits == [RankExport(on_cuda=False, holds_all=False)] * 2
+        # no CUDA here; two data-parallel ranks, each of which can export every tensor
+        assert traits == [RankExport(on_cuda=False, holds_all=True)] * 2
         decided = train.sync_route(rollout)
         assert (decided.path, decided.senders) == (COLLECTIVE_RPC, (0, 1))
         assert train.push_weights(rollout, 3, 1 << 20) > 0

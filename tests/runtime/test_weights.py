@@ -89,6 +89,23 @@ def test_the_actors_buckets_cover_the_state_dict_once_within_the_size(tiny):
     assert len(list(trainer.export_weights(tiny.weight_bucket_bytes))) == 1
 
 
+def test_every_rank_exports_its_own_copies_when_asked(tiny):
+    import dataclasses
+
+    trainer = _trainer(tiny)
+    trainer.slice = dataclasses.replace(trainer.slice, rank=1)  # a second data-parallel rank
+    assert list(trainer.export_weights(1 << 30)) == []  # by default rank 0 alone sends
+    exported = {n: t for b in trainer.export_weights(1 << 30, every_rank=True)
+                for n, t in b.items()}
+    expected = dict(torch_model.to_hf(trainer.model.named_parameters()))
+    assert sorted(exported) == sorted(expected)
+    assert all(torch.equal(exported[n], expected[n].detach()) for n in expected)
+    with torch.no_grad():  # copies: the next optimizer step must not change what was sent
+        for p in trainer.model.parameters():
+            p.add_(1.0)
+    assert not any(torch.equal(exported[n], expected[n].detach()) for n in expected)
+
+
 # ------------------------------------------------------------------ sample after a sync
 
 def test_the_sample_check_finds_a_tensor_the_engine_did_not_get(tiny):
