@@ -18,8 +18,8 @@ def test_dry_run_prints_the_exact_quoted_command(capsys, tmp_path):
     argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
     # the seed's layout (tp 4, ep 8, etp 1) needs 8 ranks: lcm(tp, ep × etp)
     assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8"]
-    assert argv[5:12] == ["-m", "runtime.megatron.convert", "--to", "torch_dist", "--tp=4",
-                          "--ep=8", "--etp=1"]
+    assert argv[5:13] == ["-m", "runtime.megatron.convert", "--to", "torch_dist", "--tp=4",
+                          "--pp=1", "--ep=8", "--etp=1"]
     assert argv[-2:] == ["/root/Qwen3-30B-A3B", str(target)]
     assert not (tmp_path / "pwned").exists()
 
@@ -27,8 +27,8 @@ def test_dry_run_prints_the_exact_quoted_command(capsys, tmp_path):
 def test_single_gpu_saves_the_unsharded_layout_from_one_process(capsys, tmp_path):
     assert main(["convert", SPEC, "--dry-run", "--single-gpu", "-o", str(tmp_path / "x")]) == 0
     argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
-    assert argv[1:8] == ["-m", "runtime.megatron.convert", "--to", "torch_dist", "--tp=1",
-                         "--ep=1", "--etp=1"]
+    assert argv[1:9] == ["-m", "runtime.megatron.convert", "--to", "torch_dist", "--tp=1",
+                         "--pp=1", "--ep=1", "--etp=1"]
 
 
 def test_the_world_is_the_smallest_that_holds_the_layout(capsys, tmp_path):
@@ -37,6 +37,12 @@ def test_the_world_is_the_smallest_that_holds_the_layout(capsys, tmp_path):
                  "--set", "train.parallel.etp=2"]) == 0
     argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
     assert "--nproc-per-node=8" in argv and "--tp=2" in argv and "--etp=2" in argv
+    # a pipeline stage holds that world; pp stages of it
+    assert main(["convert", SPEC, "--dry-run", "-o", str(tmp_path / "x"),
+                 "--set", "train.parallel.pp=2", "--set", "train.parallel.tp=2",
+                 "--set", "train.parallel.ep=4"]) == 0
+    argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "--nproc-per-node=8" in argv and "--pp=2" in argv and "--ep=4" in argv
 
 
 def test_back_to_hf_defaults_next_to_the_torch_dist_folder(capsys):

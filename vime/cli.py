@@ -219,11 +219,11 @@ def cmd_convert(args) -> int:
     if Path(target).exists():
         raise UsageError(f"{target} exists; vime convert never overwrites a checkpoint")
     parallel = result.spec.train.parallel
-    layout = ({"tp": 1, "ep": 1, "etp": 1} if args.single_gpu else
-              {"tp": parallel.tp, "ep": parallel.ep, "etp": parallel.etp})
+    layout = ({"tp": 1, "pp": 1, "ep": 1, "etp": 1} if args.single_gpu else
+              {"tp": parallel.tp, "pp": parallel.pp, "ep": parallel.ep, "etp": parallel.etp})
     # the smallest world that holds the layout: megatron-core needs tp and ep × etp to
-    # divide it (pp = cp = 1 for the Megatron backend, V905), one GPU per rank
-    world = math.lcm(layout["tp"], layout["ep"] * layout["etp"])
+    # divide a pipeline stage's ranks (cp replicates the weights), one GPU per rank
+    world = layout["pp"] * math.lcm(layout["tp"], layout["ep"] * layout["etp"])
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="vime-arch-", delete=False) as fh:
         json.dump(arch_as_config(result.spec), fh)
     launcher = [sys.executable] if world == 1 else [

@@ -2,11 +2,11 @@
 
     python -m runtime.megatron.convert --to torch_dist --arch ARCH.json SRC DST
     torchrun --nproc-per-node N -m runtime.megatron.convert --to torch_dist \
-        --tp T --ep E --etp X --arch ARCH.json SRC DST
+        --tp T --pp P --ep E --etp X --arch ARCH.json SRC DST
     python -m runtime.megatron.convert --to hf --arch ARCH.json SRC DST
 
 `vime convert SPEC` runs this with the spec's architecture, checkpoint paths and parallel
-layout: one process per GPU of the layout (world = lcm(tp, ep × etp), one GPU each, as
+layout: one process per GPU of the layout (world = pp × lcm(tp, ep × etp), one GPU each, as
 megatron-core's NCCL groups need), every rank cutting its pieces out of the HF tensors
 (runtime/megatron/shards.py) and dist-checkpointing writing them. The checkpoint is thus
 saved with the training run's layout, which is what the seed asks for: loading a torch_dist
@@ -54,7 +54,8 @@ def _init(layout: dict[str, int]) -> None:
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=layout["tp"], expert_model_parallel_size=layout["ep"],
+            tensor_model_parallel_size=layout["tp"],
+            pipeline_model_parallel_size=layout["pp"], expert_model_parallel_size=layout["ep"],
             expert_tensor_parallel_size=layout["etp"])
         if torch.cuda.is_available():
             from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -157,10 +158,15 @@ def _model(arch: Arch, layout: dict[str, int]):
     cpu = {} if torch.cuda.is_available() else dict(
         use_cpu_initialization=True, moe_token_dispatcher_type="allgather",
         variable_seq_lengths=False)
+    from megatron.core import parallel_state
+
     config = transformer_config(arch, tensor_model_parallel_size=layout["tp"],
+                                pipeline_model_parallel_size=layout["pp"],
                                 expert_model_parallel_size=layout["ep"],
                                 expert_tensor_parallel_size=layout["etp"], **cpu)
-    model = build_gpt(arch, config, arch.max_position_embeddings).to(torch.bfloat16)
+    model = build_gpt(arch, config, arch.max_position_embeddings,
+                      pre_process=parallel_state.is_pipeline_first_stage(),
+                      post_process=parallel_state.is_pipeline_last_stage()).to(torch.bfloat16)
     return model.cuda() if torch.cuda.is_available() else model
 
 
@@ -184,7 +190,7 @@ def hf_to_torch_dist(hf_dir: Path, out: Path, arch: Arch, layout: dict[str, int]
         torch.distributed.barrier()
         if _rank() == 0:
             (staging / LAYOUT_FILE).write_text(json.dumps(
-                {**layout, "pp": 1, "source": str(hf_dir), "format": "torch_dist",
+                {**layout, "source": str(hf_dir), "format": "torch_dist",
                  "spec": "megatron-core GPTModel, local layer spec"}, indent=1) + "\n")
             _publish(staging, out)
     finally:
@@ -223,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.megatron.convert")
     parser.add_argument("--to", choices=("torch_dist", "hf"), required=True)
     parser.add_argument("--arch", required=True, help="a JSON file of HF config.json keys")
-    for size in ("tp", "ep", "etp"):
+    for size in ("tp", "pp", "ep", "etp"):
         parser.add_argument(f"--{size}", type=int, default=1,
                             help=f"the layout's {size} (the world must hold it)")
     parser.add_argument("source", type=Path)
@@ -231,14 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = json.loads(Path(args.arch).read_text())
     arch = arch_from_config(config)
-    layout = {"tp": args.tp, "ep": args.ep, "etp": args.etp}
+    layout = {"tp": args.tp, "pp": args.pp, "ep": args.ep, "etp": args.etp}
     args.target.parent.mkdir(parents=True, exist_ok=True)
     if args.to == "torch_dist":
         hf_to_torch_dist(args.source, args.target, arch, layout)
     else:
         torch_dist_to_hf(args.source, args.target, arch, layout, config)
     if _rank() == 0:
-        print(f"wrote {args.target} (tp={args.tp} ep={args.ep} etp={args.etp}, "
+        print(f"wrote {args.target} (tp={args.tp} pp={args.pp} ep={args.ep} etp={args.etp}, "
               f"{torch.distributed.get_world_size()} ranks)")
     torch.distributed.destroy_process_group()
     return 0

@@ -149,8 +149,17 @@ def transformer_config(arch: Arch, recompute: str = "none", **overrides):
     return TransformerConfig(**kwargs)
 
 
-def build_gpt(arch: Arch, config, max_sequence_length: int):
-    """GPTModel with Qwen3's layout; call under an initialised megatron parallel state."""
+def _pipeline_rank() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_pipeline_model_parallel_rank()
+
+
+def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = True,
+              post_process: bool = True):
+    """GPTModel with Qwen3's layout; call under an initialised megatron parallel state. A
+    pipeline stage builds its own layers, with the embedding on the first stage
+    (pre_process) and the final norm and output layer on the last (post_process)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
@@ -159,14 +168,16 @@ def build_gpt(arch: Arch, config, max_sequence_length: int):
         import dataclasses
 
         plain = dataclasses.replace(config, sequence_parallel=False)
-    spec = get_gpt_decoder_block_spec(plain, use_transformer_engine=False, normalization="RMSNorm")
+    spec = get_gpt_decoder_block_spec(plain, use_transformer_engine=False, normalization="RMSNorm",
+                                      pp_rank=_pipeline_rank())
     for layer in spec.layer_specs:
         attention = layer.submodules.self_attention.submodules
         attention.core_attention = FlashCoreAttention
         attention.q_layernorm = attention.k_layernorm = RMSNorm
         layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
     spec.layer_norm = RMSNorm
-    return GPTModel(config, spec, vocab_size=arch.vocab_size,
+    return GPTModel(config, spec, vocab_size=arch.vocab_size, pre_process=pre_process,
+                    post_process=post_process,
                     max_sequence_length=max_sequence_length, position_embedding_type="rope",
                     rotary_base=int(arch.rope_theta),
                     share_embeddings_and_output_weights=arch.tie_word_embeddings)

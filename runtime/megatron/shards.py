@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 _LOCAL_EXPERT = re.compile(r"local_experts\.(\d+)\.")
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ def pieces(gpt) -> list[Piece]:
     spans = sorted((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), name)
                    for name, p in gpt.named_parameters())
     starts = [start for start, _end, _name in spans]
+    # a pipeline stage numbers its layers from 0; the full model's names number them globally
+    layer_of = {i: layer.layer_number - 1 for i, layer in enumerate(gpt.decoder.layers)}
     state = gpt.sharded_state_dict()
     apply_factories(state)
     out: list[Piece] = []
@@ -65,6 +68,7 @@ def pieces(gpt) -> list[Piece]:
         start, end, name = spans[at]
         if not start <= entry.data.data_ptr() < end:
             raise RuntimeError(f"{entry.key}: no parameter holds this piece")
+        name = _LAYER.sub(lambda m: f"decoder.layers.{layer_of[int(m.group(1))]}.", name)
         prepend = entry.prepend_axis_num
         if prepend:  # experts: the offset on the leading axis is the global expert index
             name = _LOCAL_EXPERT.sub(f"local_experts.{entry.global_offset[0]}.", name, count=1)

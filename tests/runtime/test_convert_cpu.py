@@ -42,12 +42,13 @@ def _logits(folder) -> torch.Tensor:
         return model(torch.arange(2, 18).reshape(2, 8)).logits
 
 
-def _convert(tmp_path, *extra, tp=1, ep=1):
+def _convert(tmp_path, *extra, tp=1, ep=1, pp=1):
     return main(["convert", str(SPEC), *extra,
                  "--set", f'model.hf_checkpoint="{tmp_path / "hf"}"',
                  "--set", f'model.torch_dist_checkpoint="{tmp_path / "dist"}"',
                  "--set", 'train.backend="megatron"', "--set", "cluster.gpus_per_node=2",
-                 "--set", f"train.parallel.tp={tp}", "--set", f"train.parallel.ep={ep}"])
+                 "--set", f"train.parallel.tp={tp}", "--set", f"train.parallel.ep={ep}",
+                 "--set", f"train.parallel.pp={pp}"])
 
 
 def test_hf_to_torch_dist_and_back_under_another_layout_is_bit_exact(tmp_path, capsys):
@@ -68,3 +69,19 @@ def test_hf_to_torch_dist_and_back_under_another_layout_is_bit_exact(tmp_path, c
 
     # the folder written is a model transformers loads, with vime's config.json
     assert torch.equal(_logits(tmp_path / "dist_hf"), _logits(tmp_path / "hf"))
+
+
+def test_pipeline_stages_save_their_own_layers(tmp_path, capsys):
+    """pp 2: each stage builds and writes its own layer (the embedding on the first, the head
+    on the last), under the full model's layer numbers; read back under ep 2."""
+    _tiny_hf(tmp_path / "hf")
+    assert _convert(tmp_path, pp=2) == 0, capsys.readouterr().err[-3000:]
+    assert json.loads((tmp_path / "dist" / LAYOUT_FILE).read_text())["pp"] == 2
+    # both stages wrote a share of the weights (a replicated rank would write nothing)
+    sizes = [(tmp_path / "dist" / f"__{rank}_0.distcp").stat().st_size for rank in (0, 1)]
+    assert min(sizes) > 0.25 * sum(sizes), sizes
+    assert _convert(tmp_path, "--to", "hf", ep=2) == 0, capsys.readouterr().err[-3000:]
+    before = read_hf(tmp_path / "hf")
+    after = load_file(tmp_path / "dist_hf" / "model.safetensors")
+    assert sorted(after) == sorted(before)
+    assert [name for name in before if not torch.equal(before[name], after[name])] == []
