@@ -5,11 +5,12 @@
 #   TO_TORCH_DIST / TO_HF: the --set options of each direction (the layouts; one GPU per rank
 #   of lcm(tp, ep × etp)); different layouts make megatron-core reshard on the way back.
 set -euo pipefail
+#   LAYERS: the model's layer count (default 3; a multiple of pp).
 work=$(mktemp -d)
-python3 - "$work" <<'PY'
+python3 - "$work" "${LAYERS:-3}" <<'PY'
 import json, sys, torch, transformers
 work = sys.argv[1]
-config = dict(num_hidden_layers=3, hidden_size=512, num_attention_heads=8, num_key_value_heads=4,
+config = dict(num_hidden_layers=int(sys.argv[2]), hidden_size=512, num_attention_heads=8, num_key_value_heads=4,
               head_dim=64, vocab_size=4096, intermediate_size=1024, moe_intermediate_size=256,
               num_experts=8, num_experts_per_tok=2, mlp_only_layers=[0], max_position_embeddings=2048,
               tie_word_embeddings=False)
