@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from runtimekit import job_config, local_ray
+from runtimekit import job_config
 
 from runtime import actors, placement, supervisor
 from runtime.dp_engine import rank_batches
@@ -30,12 +30,6 @@ def test_every_rank_gets_requests_when_any_has_some():
     batches, kept = rank_batches(["a"], 3)
     assert batches == [["a"], ["a"], ["a"]] and kept == [True, False, False]
     assert rank_batches([], 3) == ([], [])  # nothing to do: no rank is called
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    with local_ray():
-        yield
 
 
 @pytest.fixture

@@ -7,19 +7,13 @@ import json
 
 import pytest
 import torch
-from runtimekit import job_config, local_ray, metrics
+from runtimekit import job_config, metrics
 
 from runtime import driver
 
 # Two data-parallel ranks sum their gradients of a loss already divided by the whole step's
 # tokens, so they take the step one rank takes; only the order of float additions differs.
 DP_TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    with local_ray():
-        yield
 
 
 def _drive(tmp_path, job, **keys):

@@ -9,16 +9,10 @@ import threading
 import time
 
 import pytest
-from runtimekit import job_config, local_ray
+from runtimekit import job_config
 
 from runtime import actors, placement, supervisor
 from runtime.interfaces import GenerationRequest, SamplingParams
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    with local_ray():
-        yield
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ engines built from these routes are in tests/oracle/test_vllm_backend.py."""
 from __future__ import annotations
 
 import pytest
-from runtimekit import ROOT, compile_spec, job_config, local_ray
+from runtimekit import ROOT, compile_spec, job_config
 
 from runtime import actors, placement, weight_sync
 from runtime.weight_sync import COLLECTIVE_RPC, RankExport
@@ -63,12 +63,6 @@ def test_the_fallback_for_engines_or_actors_vllm_cannot_transfer_for():
 
 
 # ------------------------------------------------------------- real ranks and engines
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    with local_ray():
-        yield
-
 
 def test_the_torch_pair_on_ray_keeps_the_fallback_and_reports_what_decides(tmp_path,
                                                                           ray_cluster):
