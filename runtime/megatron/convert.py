@@ -210,7 +210,9 @@ def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, in
         loaded = dist_checkpointing.load(model.sharded_state_dict(), str(dist_dir))
     model.load_state_dict(loaded, strict=False)
     hf: dict[str, torch.Tensor] = {}
-    for bucket in shards.gather(model, 1 << 30):
+    for bucket in shards.gather(model, 1 << 30):  # collective: every rank iterates
+        if _rank() != 0:
+            continue  # rank 0 alone writes: the others keep no host copy of the model
         for name, tensor in bucket.items():
             hf.update({k: v.contiguous().cpu() for k, v in tensor_to_hf(name, tensor, arch).items()})
     if _rank() != 0:
