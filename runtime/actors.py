@@ -125,10 +125,12 @@ class TrainWorker(_Host):
         if self._transfer is None or self._transfer[0] != made_for:
             if self._transfer is not None:
                 self._transfer[1].shutdown()
-            # IPC: every rank shares its own copies with the worker on its GPU
+            # IPC: every rank shares its own copies with the worker on its GPU; both paths
+            # send from the GPU, so the export stays there
             every_rank = route.path == "ipc"
             source = vllm_weights.ExportSource(
-                lambda: self.backend.export_weights(bucket_bytes, every_rank=every_rank),
+                lambda: self.backend.export_weights(bucket_bytes, every_rank=every_rank,
+                                                    on_device=True),
                 torch.device("cuda", torch.cuda.current_device()))
             self._transfer = (made_for, vllm_weights.trainer_engine(
                 engines, route, self.rank, source, bucket_bytes))

@@ -174,12 +174,14 @@ class TrainingBackend(abc.ABC):
         with "step/" (grad_norm, lr), which the driver combines."""
 
     @abc.abstractmethod
-    def export_weights(self, bucket_bytes: int, every_rank: bool = False) -> Iterator[dict]:
+    def export_weights(self, bucket_bytes: int, every_rank: bool = False,
+                       on_device: bool = False) -> Iterator[dict]:
         """The current weights under HF checkpoint names, in buckets of about bucket_bytes.
         Called on every rank (gathers may be collective); ranks holding nothing to send
         yield nothing. every_rank (for backends with `exports_on_every_rank`): every rank
-        yields every tensor, on its own device (vLLM's IPC transfer: each rank shares its
-        copies with the engine worker on its GPU)."""
+        yields every tensor (vLLM's IPC transfer: each rank shares its copies with the
+        engine worker on its GPU). on_device: copies on the backend's device instead of the
+        host (vLLM's transfer engines send from the GPU)."""
 
     @abc.abstractmethod
     def offload(self) -> None:

@@ -344,17 +344,18 @@ class MegatronTrainingBackend(TorchTrainingBackend):
     # the gather leaves every full tensor on every rank
     exports_on_every_rank = True
 
-    def export_weights(self, bucket_bytes: int, every_rank: bool = False) -> Iterator[dict]:
+    def export_weights(self, bucket_bytes: int, every_rank: bool = False,
+                       on_device: bool = False) -> Iterator[dict]:
         """Full tensors gathered from every rank (a collective: all ranks iterate), under HF
-        names: host copies on rank 0, or with every_rank, device copies on every rank."""
+        names, on rank 0 (every_rank: on every rank); host copies, or with on_device the
+        gathered tensors themselves (each bucket is gathered into a buffer of its own)."""
         with self._readable():
             for bucket in shards.gather(self.gpt, bucket_bytes):
                 if self.slice.rank != 0 and not every_rank:
                     continue
                 out = {}
                 for name, tensor in bucket.items():
-                    out.update({k: (v.clone() if every_rank else v.to("cpu", copy=True))
-                                .contiguous()
+                    out.update({k: (v if on_device else v.to("cpu", copy=True)).contiguous()
                                 for k, v in tensor_to_hf(name, tensor, self.arch).items()})
                 yield out
 

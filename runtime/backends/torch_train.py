@@ -282,13 +282,14 @@ class TorchTrainingBackend(TrainingBackend):
     # data parallel only: every rank holds every weight
     exports_on_every_rank = True
 
-    def export_weights(self, bucket_bytes: int, every_rank: bool = False) -> Iterator[dict]:
+    def export_weights(self, bucket_bytes: int, every_rank: bool = False,
+                       on_device: bool = False) -> Iterator[dict]:
         if self.slice.rank != 0 and not every_rank:
             return  # every rank holds the same weights; rank 0 sends them
         with self._readable():
             bucket, size = {}, 0
             for name, tensor in self._hf_weights():
-                bucket[name] = (tensor.detach().clone() if every_rank
+                bucket[name] = (tensor.detach().clone() if on_device
                                 else tensor.to("cpu", copy=True)).contiguous()
                 size += tensor.numel() * tensor.element_size()
                 if size >= bucket_bytes:

@@ -52,7 +52,8 @@ class ExportSource(WeightSource):
     """The actor's export as vLLM's WeightSource. Every rank owns every name it yields
     (owners None), so the NCCL trainer engine sends from rank 0 and IPC merges by position.
     `device`: where vLLM's trainer engines need the tensors (the rank's GPU: the NCCL
-    communicator and the IPC buffer live there); the backends export host copies."""
+    communicator and the IPC buffer live there); the backends export there (on_device), so
+    the move is a no-op unless a backend could not."""
 
     def __init__(self, export: Callable[[], Iterator[dict]], device=None):
         self._export = export

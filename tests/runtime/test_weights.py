@@ -95,15 +95,17 @@ def test_every_rank_exports_its_own_copies_when_asked(tiny):
     trainer = _trainer(tiny)
     trainer.slice = dataclasses.replace(trainer.slice, rank=1)  # a second data-parallel rank
     assert list(trainer.export_weights(1 << 30)) == []  # by default rank 0 alone sends
-    exported = {n: t for b in trainer.export_weights(1 << 30, every_rank=True)
-                for n, t in b.items()}
     expected = dict(torch_model.to_hf(trainer.model.named_parameters()))
-    assert sorted(exported) == sorted(expected)
-    assert all(torch.equal(exported[n], expected[n].detach()) for n in expected)
+    exports = [{n: t for b in trainer.export_weights(1 << 30, every_rank=True, on_device=device)
+                for n, t in b.items()} for device in (False, True)]
+    for exported in exports:
+        assert sorted(exported) == sorted(expected)
+        assert all(torch.equal(exported[n], expected[n].detach()) for n in expected)
     with torch.no_grad():  # copies: the next optimizer step must not change what was sent
         for p in trainer.model.parameters():
             p.add_(1.0)
-    assert not any(torch.equal(exported[n], expected[n].detach()) for n in expected)
+    for exported in exports:
+        assert not any(torch.equal(exported[n], expected[n].detach()) for n in expected)
 
 
 # ------------------------------------------------------------------ sample after a sync
