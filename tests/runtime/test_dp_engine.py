@@ -23,6 +23,21 @@ def _requests(count: int) -> list[GenerationRequest]:
             for i in range(count)]
 
 
+def _busy(rank_host, within: float = 60.0) -> bool:
+    """Whether the rank's host is seen in the middle of a call: an actor runs one call at a
+    time, so a ping that does not come back within 1 s waits behind its generate. (A fixed
+    sleep before the kill raced on a loaded machine: the rank had finished its share.)"""
+    import ray
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            ray.get(rank_host.ping.remote(), timeout=1.0)
+        except ray.exceptions.GetTimeoutError:
+            return True
+    return False
+
+
 def test_every_rank_gets_requests_when_any_has_some():
     batches, kept = rank_batches(list("abcde"), 3)
     assert batches == [["a", "b"], ["c", "d"], ["e"]] and kept == [True] * 3
@@ -96,7 +111,7 @@ def test_a_dead_rank_restarts_the_whole_engine_and_its_requests_are_retried(grou
     engines = supervisor.supervise(rollout, config, group, cpu_threads=1, log=lines.append)
     engines.restore_weights = lambda fresh: train.push_weights(fresh, 1, 1 << 20)
     train.push_weights(engines, 1, 1 << 20)
-    requests = _requests(400)
+    requests = _requests(2000)  # each rank busy for seconds: the kill finds it generating
     expected = engines.generate(requests, PARAMS)
 
     old_host = engines.workers[0]
@@ -104,8 +119,8 @@ def test_a_dead_rank_restarts_the_whole_engine_and_its_requests_are_retried(grou
     result: dict = {}
     worker = threading.Thread(target=lambda: result.update(out=engines.generate(requests, PARAMS)))
     worker.start()
-    time.sleep(0.5)
-    assert worker.is_alive(), "the generation finished before the kill: make it longer"
+    assert _busy(old_ranks[1]), "rank 1 was never seen generating: make the generation longer"
+    assert worker.is_alive()
     ray.kill(old_ranks[1], no_restart=True)
     worker.join(timeout=120)
     assert not worker.is_alive()
