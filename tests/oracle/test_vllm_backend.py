@@ -219,7 +219,7 @@ def test_the_export_is_a_weight_source_vllms_trainer_engines_accept():
 # ------------------------------------- the actor's trainer engines, routes and DP ranks
 
 from vllm.config.parallel import ParallelConfig  # noqa: E402
-from vllm.distributed.weight_transfer.nccl_common import _worker_group_rank  # noqa: E402
+from vllm.distributed.weight_transfer import nccl_common  # noqa: E402
 from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
     NCCLTrainerWeightTransferEngine,
 )
@@ -285,7 +285,19 @@ def test_each_dp_rank_of_the_24_gpu_engine_is_one_of_vllms_dp_ranks(monkeypatch)
     master = ("10.0.0.1", 29555)
     with pytest.raises(ValueError, match="one LLM per DP rank"):  # the whole engine
         VllmRolloutBackend().start(engine)
+    # the actor's NCCL route to this engine of 24 workers, and the payload each worker gets
+    route = weight_sync.with_rendezvous(
+        weight_sync.route(["nccl"], [weight_sync.RankExport(on_cuda=True, holds_all=False)]),
+        ("10.0.0.1", 29600), [24])  # TP 8 x DP 3
+    [offset] = route.rank_offsets()
+    payload = NCCLWeightTransferInitInfo(master_address="10.0.0.1", master_port=29600,
+                                         rank_offset=offset, world_size=route.group_size)
+    # vLLM's worker_init_process_group picks each worker's rank in that group (0.26 to 0.33);
+    # its rendezvous needs CUDA, so the rank it would join with is recorded instead
     group_ranks = []
+    monkeypatch.setattr(nccl_common, "stateless_init_process_group",
+                        lambda address, port, rank, world_size, device: group_ranks.append(rank))
+    monkeypatch.setattr(nccl_common.torch.accelerator, "current_device_index", lambda: 0)
     for dp_rank in range(engine.dp):
         rank_slice = engine.for_dp_rank(dp_rank, master)  # what the rank's host starts with
         [rank] = launch(rank_slice)
@@ -305,6 +317,7 @@ def test_each_dp_rank_of_the_24_gpu_engine_is_one_of_vllms_dp_ranks(monkeypatch)
         assert config.world_size_across_dp == 24
         for worker in range(config.world_size):
             config.rank = worker
-            group_ranks.append(_worker_group_rank(1, config))
-    # all DP ranks take the engine's payload (offset 1); vLLM spreads their workers over it
-    assert sorted(group_ranks) == list(range(1, 25))
+            nccl_common.worker_init_process_group(payload, config)
+    # all DP ranks take the engine's payload (offset 1); vLLM spreads their workers over the
+    # group's ranks after the actor's sender, each once
+    assert sorted(group_ranks) == list(range(offset, route.group_size)) == list(range(1, 25))
