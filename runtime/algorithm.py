@@ -4,9 +4,11 @@ backend (the torch pair here, Megatron in issue 7), so each piece is tested once
 hand-computed numbers (tests/runtime/test_algorithm.py).
 
 Conventions (the ones slime and verl use, noted where they differ):
-- log-probabilities are of the sampled token under softmax(logits / temperature), the
-  distribution the rollout sampled from before top-p truncation; the rollout backend
-  returns the same quantity, so the two can be compared (TIS, the mismatch metric);
+- log-probabilities are of the sampled token under the distribution the rollout sampled
+  from: softmax(logits / temperature), with top_p < 1 cut to vLLM's nucleus and renormalised
+  (runtime/nucleus.py, issue 14); the rollout backend returns the same quantity, so the two
+  can be compared (TIS, the mismatch metric). The entropy stays that of the whole
+  softmax(logits / temperature);
 - a loss is a sum over response tokens divided by the number of response tokens of the
   whole optimizer step across all data-parallel ranks (token-level mean, DAPO's choice and
   slime's --calculate-per-token-loss), so gradient accumulation and DP all-reduce (SUM)

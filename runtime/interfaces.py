@@ -47,7 +47,10 @@ class Generation:
     """One sampled response.
 
     token_ids: the response tokens, including the stop token when one ended it.
-    log_probs: per response token, log softmax(logits / temperature)[token], before top-p.
+    log_probs: per response token, log p(token) under the distribution it was sampled from:
+        softmax(logits / temperature), and with top_p < 1 cut to vLLM's top-p nucleus and
+        renormalised (vLLM's processed log-probs; runtime/nucleus.py, issue 14); greedy
+        sampling applies no top-p.
     finish_reason: "stop" (a stop token) or "length" (max_new_tokens reached).
     routed_experts: when asked, an integer array [prompt + response tokens - 1, MoE layers,
         top-k]: the experts each token was routed to when it was fed to the model (the last

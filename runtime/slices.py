@@ -78,6 +78,10 @@ class TrainSlice:
     recompute: str
     cpu_threads: int
     args: tuple[str, ...] = ()  # megatron.args of the job folder, for the Megatron backend
+    # the rollout's top-p: below 1, log-probs are of the nucleus the engine sampled from,
+    # renormalised (runtime/nucleus.py, issue 14); a default, so slices built by hand
+    # (benchmarks) keep the whole vocabulary
+    top_p: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -271,7 +275,7 @@ class JobConfig:
             max_tokens_per_gpu=int(self.train["max_tokens_per_gpu"]),
             needs_ref=self.needs_ref, routing_replay=bool(self.train["routing_replay"]),
             recompute=str(self.train["recompute"]), cpu_threads=cpu_threads,
-            args=self.megatron_args)
+            args=self.megatron_args, top_p=self.top_p)
 
     def engine_slice(self, index: int, cpu_threads: int,
                      bundles: tuple[int, ...] = ()) -> EngineSlice:

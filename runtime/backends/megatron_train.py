@@ -22,7 +22,8 @@ responses (_response_terms).
   megatron's DDP sums gradients (calculate_per_token_loss), so the sum is the step's mean.
 - Log-probs under tensor parallelism are computed on vocabulary-parallel logits (max, sum
   of exponentials and the target's logit reduced over the tensor group) without gathering
-  the vocabulary.
+  the vocabulary; with top_p < 1 the nucleus needs every logit of a position, and the
+  logits are gathered over the tensor group for it (_whole_vocabulary).
 - Ranks that share an expert group must run the same number of forwards (the all-to-all is
   collective): every rank runs the largest count, padding with a masked repeat of a sample.
 
@@ -41,11 +42,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from runtime import nucleus
 from runtime.backends.torch_train import (
     PAD,
     TorchTrainingBackend,
     entropy_metric,
     response_positions,
+    sampling_top_p,
 )
 from runtime.interfaces import TrainBatch
 from runtime.megatron import shards
@@ -134,6 +137,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         self.ref = ({n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}
                     if slice.needs_ref else None)
         self.temperature = slice.temperature if slice.temperature > 0 else 1.0
+        self.top_p = sampling_top_p(slice)
         self.offloaded = False
         self._host: dict | None = None
 
@@ -274,12 +278,34 @@ class MegatronTrainingBackend(TorchTrainingBackend):
     def _target_log_probs(self, logits, targets):
         if self.tp == 1:
             return super()._target_log_probs(logits, targets)
+        if self.top_p < 1.0:
+            return nucleus.log_probs(self._whole_vocabulary(logits), targets, self.top_p)
         return self._vocab_parallel(logits, targets, entropy=False)[0]
 
     def _token_terms(self, logits, targets):
         if self.tp == 1:
             return super()._token_terms(logits, targets)
+        if self.top_p < 1.0:
+            # the entropy stays the whole softmax's, vocabulary-parallel (as the torch backend)
+            _whole, entropy = self._vocab_parallel(logits, targets, entropy=True)
+            return (nucleus.log_probs(self._whole_vocabulary(logits), targets, self.top_p),
+                    entropy)
         return self._vocab_parallel(logits, targets, entropy=True)
+
+    def _whole_vocabulary(self, logits):
+        """[..., V] logits from every tensor-parallel rank's [..., V / tp] columns: the top-p
+        nucleus of a position needs all of its logits (runtime/nucleus.py). megatron-core's
+        gather (its ColumnParallelLinear's gather_output), whose backward keeps this rank's
+        columns: every rank computes the same loss from the gathered logits.
+
+        Memory: a [tokens, V] fp32 tensor on every rank, tp times the vocabulary-parallel one
+        (9.7 GB for 16k tokens of Qwen3's 152k vocabulary), kept for the backward by the
+        nucleus's normaliser; under context parallelism for all of a rank's positions, not
+        only the responses. Only with top_p < 1."""
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+        return gather_from_tensor_model_parallel_region(logits.float().contiguous(),
+                                                        self.tp_group)
 
     def _vocab_parallel(self, logits, targets, entropy: bool):
         """Log-probs (and the entropy) from vocabulary-parallel logits (each tensor-parallel

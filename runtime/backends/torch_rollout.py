@@ -2,6 +2,9 @@
 temperature and top-p, one seeded generator per request, returning per-token log-probs and
 (when asked) the routed experts. One device per engine (V902).
 
+Top-p is vLLM's rule (runtime/nucleus.py) and the log-probs are of the renormalised nucleus,
+as vLLM's processed log-probs are; greedy sampling applies no top-p, as vLLM's does not.
+
 sleep/wake are real state changes, as vLLM's sleep mode is: level 1 moves the weights to a
 host copy and drops the KV cache; level 2 drops the weights too, so the next update must
 bring every weight before the engine may generate again. Generating while asleep raises.
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from runtime import nucleus
 from runtime.backends import torch_model
 from runtime.interfaces import (
     Generation,
@@ -68,6 +72,7 @@ class TorchRolloutBackend(RolloutBackend):
     def _generate(self, requests: list[GenerationRequest], params: SamplingParams):
         device, batch = self.device, len(requests)
         temperature = params.temperature if params.temperature > 0 else 1.0
+        top_p = params.top_p if params.temperature > 0 else 1.0
         prompt_lens = [len(r.prompt_ids) for r in requests]
         width = max(prompt_lens)
         ids = torch.zeros(batch, width, dtype=torch.long)
@@ -88,8 +93,10 @@ class TorchRolloutBackend(RolloutBackend):
             logits = torch_model.forward(self.model, ids, mask, positions, cache).logits[:, -1]
             for step in range(params.max_new_tokens):
                 scaled = logits.float() / temperature
+                if top_p < 1.0:  # the nucleus, renormalised: sampled from and reported
+                    scaled = scaled.masked_fill(~nucleus.mask(scaled, top_p), -torch.inf)
                 step_log_probs = torch.log_softmax(scaled, dim=-1)
-                probs = _top_p(step_log_probs.exp(), params.top_p)
+                probs = step_log_probs.exp()
                 chosen = torch.zeros(batch, dtype=torch.long)
                 for row in range(batch):
                     if done[row]:
@@ -200,18 +207,6 @@ class TorchRolloutBackend(RolloutBackend):
     def stop(self) -> None:
         self.model = None
         self.params = {}
-
-
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p (the token that
-    crosses it included), renormalised."""
-    if top_p >= 1.0:
-        return probs
-    ordered, order = probs.sort(dim=-1, descending=True)
-    before = ordered.cumsum(dim=-1) - ordered  # mass of the tokens ranked above each one
-    ordered = ordered.masked_fill(before >= top_p, 0.0)
-    kept = torch.zeros_like(probs).scatter(-1, order, ordered)
-    return kept / kept.sum(dim=-1, keepdim=True)
 
 
 class _nothing:

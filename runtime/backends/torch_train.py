@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runtime import algorithm
+from runtime import algorithm, nucleus
 from runtime.backends import torch_model
 from runtime.interfaces import TrainBatch, TrainingBackend
 from runtime.slices import TrainSlice
@@ -45,6 +45,12 @@ def response_positions(prompt_lens: list[int], lengths: list[int], width: int):
     offsets = torch.arange(max(responses)).unsqueeze(0)
     mask = offsets < torch.tensor(responses).unsqueeze(1)
     return rows, (starts + offsets).clamp(max=width - 1), mask
+
+
+def sampling_top_p(slice: TrainSlice) -> float:
+    """The top-p the rollout sampled with; 1 for greedy sampling, where vLLM applies none
+    (its SamplingParams sets top_p = 1 at temperature 0)."""
+    return slice.top_p if slice.temperature > 0 else 1.0
 
 
 def entropy_metric(log_p: torch.Tensor, rows: int = 2048) -> torch.Tensor:
@@ -89,6 +95,7 @@ class TorchTrainingBackend(TrainingBackend):
             self.model.parameters(), lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2),
             weight_decay=opt.weight_decay, eps=1e-8)
         self.temperature = slice.temperature if slice.temperature > 0 else 1.0
+        self.top_p = sampling_top_p(slice)
 
     # --------------------------------------------------------------------------- batching
 
@@ -239,13 +246,26 @@ class TorchTrainingBackend(TrainingBackend):
         return {**{key: float(value) for key, value in sums.items()}, **stepped}
 
     def _target_log_probs(self, logits, targets):
-        """Log-probs of the targets only (no entropy): the log-prob passes."""
+        """Log-probs of the targets only (no entropy): the log-prob passes. With top_p < 1,
+        under the nucleus the engine sampled from, renormalised (runtime/nucleus.py), as
+        vLLM's processed log-probs are (issue 14)."""
+        if self.top_p < 1.0:
+            return nucleus.log_probs(logits, targets, self.top_p)
         return algorithm.token_log_probs(logits, targets)
 
     def _token_terms(self, logits, targets):
         """Log-probs of the targets and the entropy, from one log-softmax over the vocabulary
         (the largest tensor of the step); the entropy carries gradients only when it is part
-        of the loss (entropy_coef), otherwise it is a metric."""
+        of the loss (entropy_coef), otherwise it is a metric.
+
+        With top_p < 1 the log-probs are the nucleus's (_target_log_probs) and the entropy
+        stays that of the whole softmax(logits / T): the policy the entropy bonus spreads
+        is the model's, and the nucleus's entropy would jump as tokens cross its boundary."""
+        if self.top_p < 1.0:
+            log_probs = nucleus.log_probs(logits, targets, self.top_p)
+            if torch.is_grad_enabled() and self.slice.loss.entropy_coef:
+                return log_probs, algorithm.entropy_from_logits(logits)
+            return log_probs, entropy_metric(torch.log_softmax(logits.detach().float(), dim=-1))
         log_p = torch.log_softmax(logits.float(), dim=-1)
         log_probs = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         if torch.is_grad_enabled() and self.slice.loss.entropy_coef:

@@ -11,8 +11,9 @@ import pytest
 import torch
 from runtimekit import job_config
 
+from runtime import nucleus
 from runtime.backends import torch_model
-from runtime.backends.torch_rollout import TorchRolloutBackend, _top_p
+from runtime.backends.torch_rollout import TorchRolloutBackend
 from runtime.backends.torch_train import TorchTrainingBackend
 from runtime.driver import load_tokenizer
 from runtime.interfaces import GenerationRequest, SamplingParams, TrainBatch, WeightBucket
@@ -77,11 +78,45 @@ def test_sampling_is_seeded_per_request_and_log_probs_match_the_trainer(setup):
     assert _max_diff(trained, [g.log_probs for g in generations]) < LOGPROB_TOLERANCE
 
 
-def test_top_p_keeps_the_smallest_set_reaching_p():
-    probs = torch.tensor([[0.5, 0.3, 0.2]])
-    assert torch.allclose(_top_p(probs, 0.6), torch.tensor([[0.625, 0.375, 0.0]]))
-    assert torch.allclose(_top_p(probs, 0.5), torch.tensor([[1.0, 0.0, 0.0]]))
-    assert torch.equal(_top_p(probs, 1.0), probs)
+def test_top_p_log_probs_are_the_engines_nucleus_renormalised(setup):
+    """Issue 14: with top_p < 1 the engine (as vLLM's processed log-probs) reports log-probs
+    of the renormalised nucleus it sampled from, and the actor computes the same ones."""
+    config, requests, _params = setup
+    params = SamplingParams(0.8, 0.7, 8, _params.stop_token_ids)
+    engine = _engine(config)
+    generations = engine.generate(requests, params)
+    batch = _batch(requests, generations)
+    rollout = [g.log_probs for g in generations]
+    trained = _trainer(config, temperature=0.8, top_p=0.7).log_probs(batch)
+    assert _max_diff(trained, rollout) < LOGPROB_TOLERANCE
+    # the whole-vocabulary log-probs are another quantity: the test can tell them apart
+    assert _max_diff(_trainer(config, temperature=0.8).log_probs(batch), rollout) > 0.05
+    # and the training pass computes the same log-probs as the log-prob pass
+    trainer = _trainer(config, temperature=0.8, top_p=0.7)
+    log_probs, entropy, mask = trainer._response_terms(batch, list(range(len(batch))))
+    assert _max_diff([row[m].tolist() for row, m in zip(log_probs, mask, strict=True)],
+                     rollout) < LOGPROB_TOLERANCE
+    assert (entropy[mask] > 0).all()  # of the whole softmax: the metric is unchanged
+
+
+def test_top_p_of_one_never_cuts(setup, monkeypatch):
+    """top_p = 1 (and greedy sampling, where vLLM applies no top-p) takes the plain
+    log-softmax: no sort, the old numbers."""
+    config, requests, params = setup
+
+    def refused(*_args):
+        raise AssertionError("the nucleus was cut at top_p = 1")
+
+    monkeypatch.setattr(nucleus, "cut", refused)
+    engine = _engine(config)
+    generations = engine.generate(requests[:4], params)
+    engine.generate(requests[:2], SamplingParams(0.0, 0.7, 4, params.stop_token_ids))
+    trainer = _trainer(config)
+    batch = _batch(requests[:4], generations, advantages=[1.0, -1.0] * 2)
+    batch.old_log_probs = trainer.log_probs(batch)
+    batch.step_response_tokens = sum(batch.response_lens())
+    trainer.train_step(batch)
+    _trainer(config, temperature=0.0, top_p=0.7).log_probs(batch)
 
 
 def test_weights_travel_under_hf_names_and_arrive_exactly(setup):
