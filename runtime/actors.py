@@ -81,7 +81,7 @@ class TrainWorker(_Host):
     def __init__(self, backend_name: str):
         self.backend = backends.load("training", backend_name)()
         self.rank, self.world = 0, 1
-        self._transfer: tuple | None = None  # (what it was made for, vLLM's trainer engine)
+        self._transfer: tuple | None = None  # (made for, vLLM's trainer engine, source)
 
     def init(self, slice: TrainSlice) -> None:
         self.rank, self.world = slice.rank, slice.world_size
@@ -133,8 +133,9 @@ class TrainWorker(_Host):
                                                     on_device=True),
                 torch.device("cuda", torch.cuda.current_device()))
             self._transfer = (made_for, vllm_weights.trainer_engine(
-                engines, route, self.rank, source, bucket_bytes))
-        sent = vllm_weights.send(engines, version, self.rank, self._transfer[1])
+                engines, route, self.rank, source, bucket_bytes), source)
+        _, engine, source = self._transfer
+        sent = vllm_weights.send(engines, version, self.rank, engine, source)
         return sent if self.rank in route.senders else 0
 
     def offload(self) -> None:
@@ -327,8 +328,11 @@ class TrainGroup:
         rendezvous) and kept."""
         engines = tuple(_handle_key(h) for h in rollout.workers)
         if self._route is None or self._route[0] != engines:
+            processes = {(w["host"], w["pid"]) for w in _call_all(self.workers, "where")}
+            shared = any((w["host"], w["pid"]) in processes
+                         for w in _call_all(rollout.workers, "where"))
             decided = weight_sync.route(_call_all(rollout.workers, "transfer_backend"),
-                                        _call_all(self.workers, "export_traits"))
+                                        _call_all(self.workers, "export_traits"), shared)
             if decided.path == "nccl":
                 # every rank answers (a torchrun world takes calls on all ranks); rank 0's
                 # node hosts the rendezvous
@@ -336,6 +340,8 @@ class TrainGroup:
                 decided = weight_sync.with_rendezvous(
                     decided, master, _call_all(rollout.workers, "call", "world_size"))
             self._route = (engines, decided)
+            print(f"vime: weights reach {len(engines)} engine(s) by {decided.path}"
+                  + (" (same process)" if shared else ""), flush=True)
         return self._route[1]
 
     def push_weights(self, rollout: RolloutGroup, version: int, bucket_bytes: int) -> int:

@@ -15,7 +15,8 @@ Two paths from the actor to the engines:
     every rank must hold every tensor.
 - "collective_rpc", the fallback: every rank sends the buckets its export yields through Ray
   to each engine's `update_weights` (the torch engines, an actor not on CUDA, IPC when a rank
-  holds only part of the weights, any other transfer backend).
+  holds only part of the weights or shares the engine's process, any other transfer
+  backend).
 
 `route` decides from what the engines and the ranks report; it is pure, and tested without
 vLLM (tests/runtime/test_weight_sync.py).
@@ -72,9 +73,11 @@ class SyncRoute:
         return tuple(out)
 
 
-def route(engine_backends: Sequence[str | None], ranks: Sequence[RankExport]) -> SyncRoute:
+def route(engine_backends: Sequence[str | None], ranks: Sequence[RankExport],
+          same_process: bool = False) -> SyncRoute:
     """The path for engines reporting these transfer backends (None: an engine without
-    vLLM's transfer engine) and actor ranks reporting these exports."""
+    vLLM's transfer engine) and actor ranks reporting these exports; `same_process`: an
+    engine lives in an actor rank's process (in-process groups, runtime.spmd's rank 0)."""
     world = len(ranks)
     everyone = tuple(range(world))
     kinds = set(engine_backends)
@@ -86,7 +89,7 @@ def route(engine_backends: Sequence[str | None], ranks: Sequence[RankExport]) ->
         return SyncRoute(COLLECTIVE_RPC, world, everyone)
     # a world of one holds whatever it exports
     holds_all = world == 1 or all(r.holds_all for r in ranks)
-    path = weight_path(backend, all(r.on_cuda for r in ranks), holds_all)
+    path = weight_path(backend, all(r.on_cuda for r in ranks), holds_all, same_process)
     return SyncRoute(path, world, (0,) if path == "nccl" else everyone)
 
 

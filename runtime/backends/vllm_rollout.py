@@ -1,5 +1,6 @@
-"""The vLLM rollout backend (vLLM 0.33): one engine = one `vllm.LLM` with the engine arguments
-vime compiled (`vllm.args`, checked against vLLM's own parser in tests/oracle/test_vllm.py).
+"""The vLLM rollout backend (vLLM 0.26 to 0.33; runtime/backends/vllm_compat.py holds what
+differs): one engine = one `vllm.LLM` with the engine arguments vime compiled (`vllm.args`,
+checked against vLLM's own parser in tests/oracle/test_vllm.py).
 
 - Launch (`launch`, pure): an engine whose GPUs are several placement-group bundles (more
   than one GPU, or more than one node) runs its workers as Ray actors on exactly those
@@ -13,8 +14,9 @@ vime compiled (`vllm.args`, checked against vLLM's own parser in tests/oracle/te
 - Generation: token-id prompts, one sample per request with the request's seed (so a resumed
   run samples the same), `logprobs=0` for the sampled token's log-prob (vime emits
   `--logprobs-mode processed_logprobs`: after temperature, and after top-p when top_p < 1),
-  and with routing replay the routed experts of every token (`--enable-return-routed-experts`,
-  which needs the V2 model runner: VLLM_USE_V2_MODEL_RUNNER=1 is set before the engine starts).
+  and with routing replay the routed experts of every token (`--enable-return-routed-experts`;
+  0.32+ capture them in the V2 model runner, 0.26 in the V1 runner only: VLLM_USE_V2_MODEL_RUNNER
+  is set accordingly before the engine starts, vllm_compat).
 - Weights, two paths, both keeping the version counter (vLLM's `update_weight_version` /
   `finish_weight_update(weight_version)`, and this backend's own integer):
   * vLLM's weight-transfer engine: every engine starts with
@@ -25,10 +27,18 @@ vime compiled (`vllm.args`, checked against vLLM's own parser in tests/oracle/te
     `start_weight_update`, `receive_weights`, `finish_weight_update` below through
     vLLM's own trainer engines.
   * the fallback, `update_weights(WeightBucket)`: each bucket (HF names) to every worker
-    through `collective_rpc` and the model's own `load_weights` (the path vLLM's examples
-    used before the transfer engine). `weight_path` selects it when vLLM's trainer engines
-    cannot run: the actor is not on CUDA (the torch training backend on CPU), or, for IPC,
-    an actor rank does not hold every tensor (IPCTrainerWeightTransferEngine refuses it).
+    through `collective_rpc` to vime's worker extension (runtime/backends/vllm_worker.py:
+    vLLM's layerwise reload around the model's own `load_weights`, so kernels that keep a
+    processed copy of their weights are refreshed). `weight_path` selects it when vLLM's
+    trainer engines cannot run: the actor is not on CUDA (the torch training backend on
+    CPU), the actor and the engine share one process (CUDA IPC cannot open a handle in the
+    process that made it), or, for IPC, an actor rank does not hold every tensor
+    (IPCTrainerWeightTransferEngine refuses it).
+- The engine core runs in its own process by default (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING);
+  on the lent GPU machine it hangs there after start-up and runs in-process
+  (VLLM_ENABLE_V1_MULTIPROCESSING=0, docs/vllm.md). Both work: collective_rpc calls the
+  worker extension by name, and a fallback bucket travels as bytes to another process and as
+  the tensors themselves in-process. `mode` says which, and the host logs it at start.
     (shared/reference/vllm.md §2.2 item 7 says "the IPC loader refuses EPLB": that is the
     weight-cache IPC loader of model loading, model_loader/weight_cache/ipc_loader.py, not
     the weight-transfer engine; only the sharded_rdt transfer backend refuses EPLB.)
@@ -36,9 +46,7 @@ vime compiled (`vllm.args`, checked against vLLM's own parser in tests/oracle/te
   for the actor to compare with its own (runtime/weights.py).
 - Sleep and wake map to `LLM.sleep(level)` / `LLM.wake_up(tags)` (`--enable-sleep-mode`).
 
-What has and has not been executed is in docs/vllm.md: vLLM needs a GPU this project's
-machines do not have with vLLM installed, so the conversions below are tested on vLLM's real
-objects on CPU, and the engine calls are not.
+What has and has not been executed, on which version and machine, is in docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -134,13 +142,16 @@ def weight_transfer_backend(slice: EngineSlice, kwargs: Mapping) -> str:
     return "ipc" if slice.colocated else "nccl"
 
 
-def weight_path(backend: str, actor_on_cuda: bool, every_rank_holds_all: bool) -> str:
+def weight_path(backend: str, actor_on_cuda: bool, every_rank_holds_all: bool,
+                same_process: bool = False) -> str:
     """"ipc" / "nccl" (vLLM's transfer engine) or "collective_rpc" (the fallback): vLLM's
-    trainer engines need the actor's tensors on a CUDA device, and IPC needs every actor rank
-    to hold every tensor (each rank shares its copies with the worker on its GPU)."""
+    trainer engines need the actor's tensors on a CUDA device, IPC needs every actor rank to
+    hold every tensor (each rank shares its copies with the worker on its GPU) and the engine
+    in another process (CUDA IPC cannot open a handle in the process that made it; in one
+    process the fallback hands the tensors over as they are)."""
     if not actor_on_cuda or backend not in ("ipc", "nccl"):
         return "collective_rpc"
-    if backend == "ipc" and not every_rank_holds_all:
+    if backend == "ipc" and (not every_rank_holds_all or same_process):
         return "collective_rpc"
     return backend
 
@@ -183,19 +194,7 @@ def to_generation(completion, want_routes: bool) -> Generation:
                       routed_experts=routes)
 
 
-def _load_bucket(worker, tensors: dict) -> int:
-    """Runs inside each vLLM worker (collective_rpc): HF-named tensors into the model."""
-    model = worker.model_runner.model
-    loaded = model.load_weights(weights=list(tensors.items()))
-    return len(loaded) if loaded is not None else len(tensors)
-
-
-def _fingerprints(worker, names: list[str]) -> dict:
-    """Runs inside each vLLM worker (collective_rpc): runtime.weights.fingerprints of its
-    parameters of those names."""
-    from runtime import weights
-
-    return weights.fingerprints(worker.model_runner.model.named_parameters(), names)
+WORKER_EXTENSION = "runtime.backends.vllm_worker.VimeWorkerExtension"
 
 
 class VllmRolloutBackend(RolloutBackend):
@@ -203,6 +202,9 @@ class VllmRolloutBackend(RolloutBackend):
         self.llm = None
         self.version = 0
         self.asleep = False
+        self.updating = False  # a fallback round is open on the workers
+        self.transfer_backend: str | None = None
+        self.mode = ""
 
     def start(self, slice: EngineSlice) -> None:
         """One `LLM`: the whole engine when dp is 1, else the DP rank of `slice.dp_rank`
@@ -219,15 +221,36 @@ class VllmRolloutBackend(RolloutBackend):
         if rank.kwargs.get("distributed_executor_backend") == "ray":
             # the workers get their GPUs from their bundles; the host's own mask would hide them
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        kwargs = {**engine_kwargs(slice.args), **rank.kwargs}
+        from runtime.backends import vllm_compat
+
+        if kwargs.get("enable_return_routed_experts"):
+            # 0.32+ capture them in the V2 model runner only; 0.26 in the V1 runner only (its
+            # V2 refuses: "Model Runner V2 does not yet support: routed experts capture")
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER",
+                                  "1" if vllm_compat.routed_experts_need_v2_runner() else "0")
         from vllm import LLM
         from vllm.config import WeightTransferConfig
 
         self.slice = slice
-        kwargs = {**engine_kwargs(slice.args), **rank.kwargs}
-        self.transfer_backend = weight_transfer_backend(slice, kwargs)
-        kwargs["weight_transfer_config"] = WeightTransferConfig(backend=self.transfer_backend)
-        if kwargs.get("enable_return_routed_experts"):
-            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+        backend = weight_transfer_backend(slice, kwargs)
+        if backend in vllm_compat.transfer_backends():
+            self.transfer_backend = backend
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=backend)
+        else:  # no trainer side vime drives on this vLLM: the fallback (vllm_compat)
+            self.transfer_backend = None
+            kwargs.pop("weight_transfer_config", None)
+        if kwargs.get("worker_extension_cls", WORKER_EXTENSION) != WORKER_EXTENSION:
+            raise ValueError(
+                f"inference.extra_args sets --worker-extension-cls "
+                f"{kwargs['worker_extension_cls']!r}; vime's engines need their own "
+                f"({WORKER_EXTENSION}) for weight updates: remove it from extra_args")
+        kwargs["worker_extension_cls"] = WORKER_EXTENSION
+        self.multiprocess = vllm_compat.multiprocess_engine()
+        self.mode = (f"vLLM {vllm_compat.version()}, engine core "
+                     + ("in its own process" if self.multiprocess else "in-process")
+                     + f", weight transfer {self.transfer_backend or 'collective_rpc'}")
+        print(f"vime: engine {slice.engine}: {self.mode}", flush=True)
         self.llm = LLM(**kwargs)
 
     def generate(self, requests: Sequence[GenerationRequest],
@@ -242,11 +265,22 @@ class VllmRolloutBackend(RolloutBackend):
         return [to_generation(out.outputs[0], params.return_routed_experts) for out in outputs]
 
     def update_weights(self, bucket: WeightBucket) -> None:
-        """The fallback path (collective_rpc + load_weights), bucket by bucket."""
+        """The fallback path, bucket by bucket: one layerwise-reload round per version on
+        every worker (runtime/backends/vllm_worker.py), closed by the last bucket."""
+        from runtime.backends import vllm_compat, vllm_worker
+
         if bucket.tensors:
-            self.llm.collective_rpc(_load_bucket, args=(bucket.tensors,))
+            if not self.updating:
+                self.llm.collective_rpc("vime_start_update")
+                self.updating = True
+            payload = (vllm_worker.pack(bucket.tensors) if self.multiprocess
+                       else dict(bucket.tensors))
+            self.llm.collective_rpc("vime_load", args=(payload,))
         if bucket.last:
-            self.llm.update_weight_version(str(bucket.version))
+            if self.updating:
+                self.llm.collective_rpc("vime_finish_update")
+                self.updating = False
+            vllm_compat.set_weight_version(self.llm, str(bucket.version))
             self.version = bucket.version
 
     def weight_version(self) -> int:
@@ -268,22 +302,28 @@ class VllmRolloutBackend(RolloutBackend):
         self.llm.update_weights({"update_info": update_info})
 
     def finish_weight_update(self, version: int | None = None) -> None:
-        self.llm.finish_weight_update(weight_version=None if version is None else str(version))
+        from runtime.backends import vllm_compat
+
+        vllm_compat.finish_weight_update(self.llm, None if version is None else str(version))
         if version is not None:
             self.version = version
 
     def shutdown_weight_transfer(self) -> None:
         """Release the trainer connection (before a new rendezvous, after an engine of the
         group was replaced)."""
-        self.llm.shutdown_weight_transfer_engine()
+        from runtime.backends import vllm_compat
+
+        vllm_compat.shutdown_weight_transfer(self.llm)
 
     def set_weight_version(self, version: int) -> None:
-        self.llm.update_weight_version(str(version))
+        from runtime.backends import vllm_compat
+
+        vllm_compat.set_weight_version(self.llm, str(version))
         self.version = version
 
     def fingerprints(self, names: Sequence[str]) -> list[dict]:
         """Per worker, {name: (dtype, sha256)} of those parameters (runtime/weights.py)."""
-        return self.llm.collective_rpc(_fingerprints, args=(list(names),))
+        return self.llm.collective_rpc("vime_fingerprints", args=(list(names),))
 
     def sleep(self, level: int = 1) -> None:
         self.llm.sleep(level=level)

@@ -1,11 +1,14 @@
-"""The actor's side of vLLM's weight-transfer engine (vLLM 0.33, distributed/weight_transfer/).
+"""The actor's side of vLLM's weight-transfer engine (distributed/weight_transfer/).
 
-vLLM ships trainer engines (`NCCLTrainerWeightTransferEngine`, `IPCTrainerWeightTransferEngine`)
-that drive a full update round (start, update, finish) through a "client" with four methods
-and read the weights from a `WeightSource`. This module gives them vime's pieces:
+vLLM 0.32+ ships trainer engines (`NCCLTrainerWeightTransferEngine`,
+`IPCTrainerWeightTransferEngine`) that drive a full update round (start, update, finish)
+through a "client" with four methods and read the weights from a `WeightSource`; vLLM 0.26
+has a static `trainer_send_weights` for IPC instead (runtime/backends/vllm_compat.py holds
+the differences). This module gives them vime's pieces:
 
-- `ExportSource`: a WeightSource over a training backend's `export_weights(bucket_bytes)`
-  (HF names, the buckets' order); its metadata is one pass of the export, taken once.
+- `ExportSource`: a training backend's `export_weights(bucket_bytes)` (HF names, the
+  buckets' order) as the parameter list and the stream vLLM reads; its metadata is one pass
+  of the export, taken once; `vllm_compat.weight_source` wraps it in this vLLM's WeightSource.
 - `EngineClient`: the client, over vime's engine hosts (Ray actors or in-process), calling
   the vLLM backend's `init_weight_transfer` / `start_weight_update` / `receive_weights` /
   `finish_weight_update` (runtime/backends/vllm_rollout.py) on every engine. vLLM's own
@@ -29,27 +32,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from functools import cached_property
 
-from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-from vllm.distributed.weight_transfer.ipc_engine import (
-    IPCTrainerInitInfo,
-    IPCWeightTransferInitInfo,
-    IPCWeightTransferUpdateInfo,
-)
-from vllm.distributed.weight_transfer.nccl_common import (
-    NCCLWeightTransferInitInfo,
-    worker_init_payload,
-)
-from vllm.distributed.weight_transfer.nccl_engine import (
-    NCCLTrainerInitInfo,
-    NCCLWeightTransferUpdateInfo,
-)
+from vllm.distributed.weight_transfer.base import ParamMeta
 
 from runtime import weights
 from runtime.actors import _call_all
+from runtime.backends import vllm_compat
 
 
-class ExportSource(WeightSource):
-    """The actor's export as vLLM's WeightSource. Every rank owns every name it yields
+class ExportSource:
+    """The actor's export as what vLLM reads. Every rank owns every name it yields
     (owners None), so the NCCL trainer engine sends from rank 0 and IPC merges by position.
     `device`: where vLLM's trainer engines need the tensors (the rank's GPU: the NCCL
     communicator and the IPC buffer live there); the backends export there (on_device), so
@@ -60,6 +51,7 @@ class ExportSource(WeightSource):
         self.device = device
         self.sample: dict = {}  # the sampled tensors of the last pass, for the check
         self.sent_bytes = 0  # bytes yielded by the last pass
+        self.vllm = vllm_compat.weight_source(lambda: self.metadata, self.stream)
 
     @cached_property
     def metadata(self) -> list[ParamMeta]:
@@ -70,7 +62,7 @@ class ExportSource(WeightSource):
     def sample_names(self) -> frozenset[str]:
         return frozenset(weights.sample_names(m.name for m in self.metadata))
 
-    def iter_full(self):
+    def stream(self):
         self.sample, self.sent_bytes = {}, 0
         for bucket in self._export():
             for name, tensor in bucket.items():
@@ -117,15 +109,19 @@ def per_engine_init(init_info: dict, engine_worlds: Sequence[int]) -> list[dict]
 def trainer_init_info(backend: str, rank: int, bucket_bytes: int,
                       master: tuple[str, int] | None = None,
                       engine_worlds: Sequence[int] = ()):
-    """vLLM's trainer-side init info: the packed buffer is one bucket; NCCL's group is the
-    sender plus every worker of every engine."""
+    """vLLM's trainer-side init info (0.32+): the packed buffer is one bucket; NCCL's group is
+    the sender plus every worker of every engine."""
     if backend == "nccl":
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
         if master is None:
             raise ValueError("an NCCL weight transfer needs the sender's address and port")
         return NCCLTrainerInitInfo(rank=rank, master_address=master[0], master_port=master[1],
                                    world_size=1 + sum(engine_worlds), packed=True,
                                    packed_buffer_size_bytes=bucket_bytes)
     if backend == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
         return IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=bucket_bytes)
     raise ValueError(f"no trainer side for weight-transfer backend {backend!r}")
 
@@ -133,14 +129,19 @@ def trainer_init_info(backend: str, rank: int, bucket_bytes: int,
 def worker_init_infos(info, engine_worlds: Sequence[int]) -> list[dict]:
     """What each engine's workers receive at the handshake, as vLLM's trainer engines build it
     (nccl_common.build_worker_init_payload), with each engine's own rank offset."""
-    if isinstance(info, NCCLTrainerInitInfo):
+    if hasattr(info, "master_address"):
+        from vllm.distributed.weight_transfer.nccl_common import (
+            NCCLWeightTransferInitInfo,
+            worker_init_payload,
+        )
+
         worker = NCCLWeightTransferInitInfo(
             master_address=info.master_address, master_port=info.master_port, rank_offset=1,
             world_size=info.world_size, packed=info.packed,
             packed_buffer_size_bytes=info.packed_buffer_size_bytes,
             packed_num_buffers=info.packed_num_buffers)
         return per_engine_init(worker_init_payload(worker), engine_worlds)
-    return per_engine_init(asdict(IPCWeightTransferInitInfo(packed=info.packed)), engine_worlds)
+    return per_engine_init(vllm_compat.ipc_init_payload(info.packed), engine_worlds)
 
 
 def update_info(backend: str, metadata: Sequence[ParamMeta], ipc_handles=None,
@@ -150,8 +151,12 @@ def update_info(backend: str, metadata: Sequence[ParamMeta], ipc_handles=None,
     dtypes = [str(m.dtype).removeprefix("torch.") for m in metadata]
     shapes = [list(m.shape) for m in metadata]
     if backend == "nccl":
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
+
         return asdict(NCCLWeightTransferUpdateInfo(names=names, dtype_names=dtypes,
                                                    shapes=shapes))
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
+
     return asdict(IPCWeightTransferUpdateInfo(names=names, dtype_names=dtypes, shapes=shapes,
                                               ipc_handles=ipc_handles,
                                               tensor_sizes=tensor_sizes))
@@ -176,21 +181,29 @@ def trainer_engine(engines: Sequence, route, rank: int, source: ExportSource,
     init info from the route (NCCL: rank 0's rendezvous, one rank range per engine), a
     client over the engines on the rank that drives them (rank 0; the others get none and
     vLLM never calls theirs), and the export as its source. On rank 0 this is the
-    rendezvous: the engines' previous trainer connection is released first."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-
+    rendezvous: the engines' previous trainer connection is released first. On vLLM 0.26
+    (no trainer engines) IPC goes through its static sender (vllm_compat.StaticIPCSender)."""
     driving = route.drives(rank)
     worlds = list(route.engine_worlds) or [1] * len(engines)
     if route.path == "ipc":
         # vLLM's packed IPC refuses a tensor larger than its buffer (packed_ipc_producer);
         # the metadata pass is collective, and every IPC rank takes it
         bucket_bytes = max([bucket_bytes] + [_nbytes(m) for m in source.metadata])
-    info = trainer_init_info(route.path, rank, bucket_bytes, route.master, worlds)
     if driving:
         _call_all(engines, "call", "shutdown_weight_transfer")
     client = EngineClient(engines if driving else [], worlds if driving else [])
+    if route.path not in vllm_compat.trainer_engines():
+        if route.path != "ipc":
+            raise ValueError(f"vLLM {vllm_compat.version()} has no trainer side for "
+                             f"{route.path!r} that vime drives")
+        if driving:
+            client.init_weight_transfer_engine(vllm_compat.ipc_init_payload())
+        return vllm_compat.StaticIPCSender(client, source, rank, bucket_bytes)
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    info = trainer_init_info(route.path, rank, bucket_bytes, route.master, worlds)
     return WeightTransferTrainerFactory.trainer_init(init_info=info, client=client,
-                                                     source=source)
+                                                     source=source.vllm)
 
 
 def _nbytes(meta: ParamMeta) -> int:
@@ -199,7 +212,7 @@ def _nbytes(meta: ParamMeta) -> int:
     return math.prod(meta.shape) * meta.dtype.itemsize
 
 
-def send(engines: Sequence, version: int, rank: int, engine) -> int:
+def send(engines: Sequence, version: int, rank: int, engine, source: ExportSource) -> int:
     """One weight sync through a trainer engine (`trainer_engine`, made on the first sync
     and kept for the next ones), then, on rank 0, the version set on every engine and the
     sample check. Every actor rank calls it. Returns the bytes this rank's export yielded."""
@@ -208,5 +221,5 @@ def send(engines: Sequence, version: int, rank: int, engine) -> int:
         # send_weights finished the round without a version (a second finish would finalize
         # a reload that was never started): set it on its own, as LLM.update_weight_version
         _call_all(engines, "call", "set_weight_version", version)
-        check_sample(engines, engine.source.sample)
-    return engine.source.sent_bytes
+        check_sample(engines, source.sample)
+    return source.sent_bytes

@@ -200,17 +200,22 @@ def test_the_export_is_a_weight_source_vllms_trainer_engines_accept():
         yield {names[2]: state[names[2]]}
 
     source = vllm_weights.ExportSource(export)
-    assert source.implements_iter_full() and not source.implements_iter_local()
-    assert [m.name for m in source.metadata] == list(state)
-    assert source.owned_names(0) == list(state)  # IPC needs every rank to own everything
-    assert [n for n, _ in source.iter_full()] == list(state)
+    vllm_source = source.vllm  # this vLLM's WeightSource over it (vllm_compat.weight_source)
+    if hasattr(vllm_source, "iter_full"):  # 0.33: metadata a property, iter_full
+        assert vllm_source.implements_iter_full() and not vllm_source.implements_iter_local()
+        assert [m.name for m in vllm_source.metadata] == list(state)
+        assert vllm_source.owned_names(0) == list(state)  # IPC: every rank owns everything
+        assert [n for n, _ in vllm_source.iter_full()] == list(state)
+    else:  # 0.26 / 0.32: metadata() and __iter__
+        assert [m.name for m in vllm_source.metadata()] == list(state)
+        assert [n for n, _ in vllm_source] == list(state)
     assert sorted(source.sample) == ["model.layers.0.input_layernorm.weight",
                                      "model.norm.weight"]
     # vLLM's NCCL trainer engine accepts the source up to its rendezvous, which needs a GPU
     info = vllm_weights.trainer_init_info("nccl", 1, 1 << 20, ("127.0.0.1", 1), [1])
     client = vllm_weights.EngineClient([], [])
     engine = WeightTransferTrainerFactory.trainer_init(init_info=info, client=client,
-                                                       source=source)
+                                                       source=vllm_source)
     assert not engine.is_sender  # rank 1: no rendezvous, no RPC; only rank 0 sends
     assert weights.sample_names(state) == ["model.norm.weight",
                                            "model.layers.0.input_layernorm.weight"]
@@ -264,8 +269,10 @@ def test_vllms_trainer_engines_are_built_from_the_routes():
                                           route.engine_worlds)
     assert info.world_size == route.group_size == 25 and info.is_sender
     client = vllm_weights.EngineClient(hosts, route.engine_worlds)
-    client.init_weight_transfer_engine(NCCLTrainerWeightTransferEngine
-                                       ._build_worker_init_payload(info))
+    client.init_weight_transfer_engine(nccl_common.worker_init_payload(
+        NCCLWeightTransferInitInfo(master_address=info.master_address,
+                                   master_port=info.master_port, rank_offset=1,
+                                   world_size=info.world_size)))
     assert [h.calls[0][0] for h in hosts] == ["init_weight_transfer"] * 2
     payloads = [h.calls[0][1] for h in hosts]
     parsed = [NCCLWeightTransferInitInfo(**p) for p in payloads]
@@ -274,7 +281,7 @@ def test_vllms_trainer_engines_are_built_from_the_routes():
         ("10.0.0.1", 29600, 25)}
     # the export as the engine's source: the rank's device, its bytes, the sample
     sent = vllm_weights.ExportSource(lambda: iter([state]), device="cpu")
-    assert [n for n, _ in sent.iter_full()] == list(state)
+    assert [n for n, _ in sent.stream()] == list(state)
     assert sent.sent_bytes == sum(t.numel() * t.element_size() for t in state.values())
     assert sorted(sent.sample) == ["model.layers.0.input_layernorm.weight",
                                    "model.norm.weight"]

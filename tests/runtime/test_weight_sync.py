@@ -90,3 +90,25 @@ def test_the_torch_pair_on_ray_keeps_the_fallback_and_reports_what_decides(tmp_p
         rollout.stop()
     finally:
         placement.remove(group)
+
+
+def test_an_engine_in_the_actors_own_process_takes_the_fallback():
+    # CUDA IPC cannot open a handle in the process that made it: in-process groups (one
+    # process holds the actor and the engine) hand the tensors over through the fallback
+    assert weight_sync.route(["ipc"], [CUDA_ALL]).path == "ipc"
+    shared = weight_sync.route(["ipc"], [CUDA_ALL], same_process=True)
+    assert (shared.path, shared.senders) == (COLLECTIVE_RPC, (0,))
+    # NCCL between two processes is unaffected by the flag's meaning for IPC
+    assert weight_sync.route(["nccl"], [CUDA_ALL], same_process=True).path == "nccl"
+
+
+def test_the_group_sees_that_in_process_hosts_share_its_process(tmp_path):
+    _plan, _resolved, config = job_config(tmp_path)
+    train, rollout = actors.local_groups(config)
+    route = train.sync_route(rollout)
+    assert route.path == COLLECTIVE_RPC  # the torch engine has no transfer backend anyway
+    # an engine that reports IPC, hosted in this process, still gets the fallback
+    rollout.workers[0].backend.transfer_backend = "ipc"
+    train._route = None
+    train.workers[0].export_traits = lambda: CUDA_ALL
+    assert train.sync_route(rollout).path == COLLECTIVE_RPC
