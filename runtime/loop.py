@@ -36,6 +36,21 @@ from runtime.interfaces import GenerationRequest, SamplingParams, TrainBatch
 from runtime.metrics import MetricsLogger
 from runtime.slices import JobConfig
 
+# mean |actor - engine| log-prob per response token on the same weights above which the loop
+# says the engine is not generating with them (bf16 engines and actors differ by ~0.01-0.05)
+MAX_LOGPROB_GAP = 0.5
+
+
+def logprob_gap(actor: list[list[float]], engine: list[list[float]]) -> dict[str, float]:
+    """The gap between the actor's log-probs of the sampled tokens (on the weights the engine
+    generated with) and the engine's own: mean and max of |difference| per response token."""
+    diffs = [abs(a - e) for row_a, row_e in zip(actor, engine, strict=True)
+             for a, e in zip(row_a, row_e, strict=True)]
+    if not diffs:
+        return {"rollout/logprob_abs_diff": 0.0, "rollout/logprob_abs_diff_max": 0.0}
+    return {"rollout/logprob_abs_diff": statistics.fmean(diffs),
+            "rollout/logprob_abs_diff_max": max(diffs)}
+
 
 def request_seed(seed: int, rollout_id: int, sample: int) -> int:
     return ((seed * 1_000_003 + rollout_id) * 100_003 + sample) % (1 << 62)
@@ -144,6 +159,12 @@ class GRPOLoop:
             batch.old_log_probs = self.train.log_probs(batch, "actor")
             if config.needs_ref:
                 batch.ref_log_probs = self.train.log_probs(batch, "ref")
+        numbers.update(logprob_gap(batch.old_log_probs, batch.rollout_log_probs))
+        if numbers["rollout/logprob_abs_diff"] > MAX_LOGPROB_GAP:
+            self.log(f"vime: rollout {rollout_id}: the engine's log-probs differ from the "
+                     f"actor's by {numbers['rollout/logprob_abs_diff']:.3f} per token on the "
+                     f"same weights (version {self.version}); more than {MAX_LOGPROB_GAP} "
+                     "means the engine does not generate with the weights it was sent")
 
         with timer.phase("train"):
             step_stats = []
@@ -168,7 +189,8 @@ class GRPOLoop:
                 self.rollout.wake(["weights"])
         with timer.phase("weight_sync"):
             self.version += 1
-            self.train.push_weights(self.rollout, self.version, config.weight_bucket_bytes)
+            sent = self.train.push_weights(self.rollout, self.version, config.weight_bucket_bytes)
+        numbers["weight_sync/bytes"] = sent
         if config.colocate:
             with timer.phase("offload"):
                 self.rollout.wake(["kv_cache"])
@@ -208,6 +230,10 @@ def _train_numbers(step_stats: list[dict], has_ref: bool) -> dict[str, float]:
         "train/lr": step_stats[-1]["step/lr"],
         "train/rollout_logprob_abs_diff": total.get("rollout_abs_diff", 0.0) / tokens,
     }
+    if total.get("routes_replayed"):
+        # replayed experts (vLLM's routes) that the actor's routers pick too, on the weights
+        # the engine generated with (runtime/backends/megatron_train.py)
+        numbers["train/replayed_route_match"] = total["routes_matched"] / total["routes_replayed"]
     if has_ref:
         numbers["train/kl"] = total.get("kl", 0.0) / tokens
     if total.get("tis_weight"):

@@ -140,6 +140,43 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         self.top_p = sampling_top_p(slice)
         self.offloaded = False
         self._host: dict | None = None
+        # replayed routes the actor's own routers also pick, counted in the actor log-prob
+        # pass (the weights the engine generated with) and reported with the next step
+        self._route_counts = torch.zeros(2, dtype=torch.int64, device=self.device)
+        self._counting_routes = False
+        if self.config.moe_enable_routing_replay:
+            self._watch_replayed_routes()
+
+    def _watch_replayed_routes(self) -> None:
+        """Wrap each router's replayed top-k: while counting, also compute the router's own
+        top-k from the same scores and count the replayed experts that are among them."""
+        from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+
+        backend = self
+        for replay in RouterReplay.global_router_replay_instances:
+            replayed_topk = replay.get_replay_topk
+
+            def counted(scores, topk, num_groups=None, group_topk=None,
+                        default_compute_topk=None, _replayed=replayed_topk, _replay=replay):
+                probs, indices = _replayed(scores, topk, num_groups, group_topk,
+                                           default_compute_topk)
+                if backend._counting_routes and \
+                        _replay.router_replay_action == RouterReplayAction.REPLAY_FORWARD:
+                    _own, natural = default_compute_topk(scores, topk, num_groups=num_groups,
+                                                         group_topk=group_topk)
+                    hits = (indices.unsqueeze(-1) == natural.unsqueeze(-2)).any(-1)
+                    backend._route_counts += torch.stack(
+                        [hits.sum(), torch.tensor(hits.numel(), device=hits.device)])
+                return probs, indices
+
+            replay.get_replay_topk = counted
+
+    def log_probs(self, batch: TrainBatch, model: str = "actor") -> list[list[float]]:
+        self._counting_routes = model == "actor"
+        try:
+            return super().log_probs(batch, model)
+        finally:
+            self._counting_routes = False
 
     def _load_initial_weights(self, model) -> None:
         if model.torch_dist_checkpoint and Path(model.torch_dist_checkpoint).is_dir():
@@ -362,8 +399,11 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         # the replicated weights (sequence-parallel norms, q/k norms)
         finalize_model_grads([self.model])
         _ok, grad_norm, _zeros = self.optimizer.step()  # clips by clip_grad, then Adam
+        matched, replayed = self._route_counts.tolist()
+        self._route_counts.zero_()
         return {"step/grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
-                "step/lr": self.slice.optimizer.lr}
+                "step/lr": self.slice.optimizer.lr,
+                "routes_matched": float(matched), "routes_replayed": float(replayed)}
 
     # --------------------------------------------------------------------------- weights
 

@@ -11,6 +11,7 @@ import torch
 from runtimekit import in_process_loop, job_config, metrics
 
 from runtime import metrics as metrics_module
+from runtime.interfaces import WeightBucket
 from runtime.metrics import MetricsLogger
 
 # A resumed run must end where the uninterrupted one does: every sample, reward and weight is
@@ -121,3 +122,30 @@ def test_metrics_reach_the_console_jsonl_tensorboard_and_wandb(tmp_path, monkeyp
     assert metrics_module.main([str(tmp_path)]) == 0
     table = capsys.readouterr().out
     assert "| 1 | " in table and "1.500" in table
+
+
+def test_an_engine_that_keeps_stale_weights_shows_in_the_logprob_gap(tmp_path):
+    # the same weights on both sides: the torch pair's log-probs agree to rounding
+    _, config = _run(tmp_path / "fresh", "fresh", rollout__num_rollout="3")
+    assert all(r["rollout/logprob_abs_diff"] < 1e-4 for r in metrics(config.job_dir))
+    # an engine whose updates report success but keep the old tensors (seen on vLLM's CPU
+    # kernels): the version advances, the sampled tensors might even match, the gap does not
+    _, _, config = job_config(tmp_path / "stale", "stale", rollout__num_rollout="3")
+    lines = []
+    loop = in_process_loop(config, log=lines.append)
+    engine = loop.rollout.workers[0].backend
+    update, first = engine.update_weights, {}
+
+    def keep_the_first_weights(bucket):
+        if bucket.version == 1:
+            first.update({n: t.clone() for n, t in bucket.tensors.items()})
+            return update(bucket)
+        # every later update "succeeds" with the first version's tensors
+        return update(WeightBucket(bucket.version, {n: first[n] for n in bucket.tensors},
+                                   bucket.last))
+    engine.update_weights = keep_the_first_weights
+    loop.run()
+    gaps = [r["rollout/logprob_abs_diff"] for r in metrics(config.job_dir)]
+    assert gaps[0] < 1e-4 and gaps[-1] > 10 * max(gaps[0], 1e-6)
+    assert all(r["rollout/logprob_abs_diff_max"] >= g
+               for r, g in zip(metrics(config.job_dir), gaps, strict=True))
