@@ -87,8 +87,12 @@ def plan_text(plan: Plan) -> str:
            "MoE layers" if arch.is_moe else "dense")
     out.append(f"model     {arch.model_type}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
                f"{arch.num_attention_heads} heads / {arch.num_kv_heads} KV, {moe}")
-    out.append(f"          {arch.params_total / 1e9:.2f} B parameters, {arch.params_active / 1e9:.2f} B "
-               f"active per token (from {spec.origin('model.arch').describe()})")
+    sizes = (f"          {arch.params_total / 1e9:.2f} B parameters, "
+             f"{arch.params_active / 1e9:.2f} B active per token")
+    origin = f"(from {spec.origin('model.arch').describe()})"
+    # a long path (config.json of an absolute checkpoint folder) goes on its own line
+    out += ([f"{sizes} {origin}"] if len(sizes) + len(origin) < 100
+            else [sizes, f"          {origin}"])
     out += ["", "GPUs (Megatron coordinates of the actor rank; e = vLLM engine)"]
     out += _cluster_picture(plan)
     why_dp = f"{spec.train.num_gpus} ÷ (tp {layout.tp} × cp {layout.cp} × pp {layout.pp})"

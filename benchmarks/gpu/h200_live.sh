@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The live-vLLM runs of issue 14 on the lent H200 (docs/gpu-runs.md), one step per call:
+#
+#   bash benchmarks/gpu/h200_live.sh install   # after the parts are in /tmp/parts (below)
+#   bash benchmarks/gpu/h200_live.sh grpo      # the toy task, R3 on, then R3 off (each run its
+#                                              # own experiment: checkpoints are per experiment)
+#   bash benchmarks/gpu/h200_live.sh fallback  # the toy task with the collective_rpc fallback
+#   bash benchmarks/gpu/h200_live.sh sync      # weight sync of a Qwen3-30B-A3B slice: IPC, fallback
+#   bash benchmarks/gpu/h200_live.sh rollout   # vime's rollout backend vs bare LLM.generate
+#
+# What the machine lacks travels as carried files (device README): vLLM 0.26.0 in the seven
+# parts of ../shared/gpu/vllm-bundle.sh (.gpu/vllm/pNN), Ray's wheel in two parts
+# (.gpu/ray/rNN: `split -b 37M` of ray-2.55.1-cp312-cp312-manylinux2014_x86_64.whl), and
+# .whl/ (megatron-core 0.19.2, submitit, tomli-w). Each part is moved to /tmp/parts by the call
+# that carries it. Results go to $OUT (JSON and logs).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+
+setup() {
+  # shellcheck disable=SC1091
+  source .gpu/vllm/install.sh >/dev/null || return 1
+  if [ ! -f /tmp/site/.ray-ok ]; then
+    mkdir -p /tmp/rayw && cat /tmp/parts/r?? > /tmp/rayw/ray-2.55.1-cp312-cp312-manylinux2014_x86_64.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site /tmp/rayw/*.whl .whl/*.whl || return 1
+    touch /tmp/site/.ray-ok
+  fi
+  export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled RAY_DEDUP_LOGS=0
+  python3 -c "import vllm, ray, megatron.core, torch; print('vllm', vllm.__version__, 'ray', ray.__version__, 'megatron-core', megatron.core.__version__, 'torch', torch.__version__)"
+}
+
+grpo() {  # NAME SPEC [--set ...]: one run of the loop, its summary line printed
+  local name=$1; shift
+  python3 benchmarks/gpu/live_grpo.py "$@" --out "$out/$name.json" > "$out/$name.log" 2>&1
+  local rc=$?
+  grep -E "^vime:|RESULT|Error|error:" "$out/$name.log" | grep -v "^vime: engine 0" | tail -40
+  echo "$name: exit $rc"
+}
+
+step=${1:?install, grpo, fallback, sync or rollout}
+setup || { echo "setup failed"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+case $step in
+  install) ;;
+  grpo)
+    python3 benchmarks/gpu/tiny_moe.py build/tiny-qwen3-moe
+    grpo grpo-r3 specs/tiny_h200.toml --set experiment.name=tiny-h200-r3
+    grpo grpo-nor3 specs/tiny_h200.toml --set experiment.name=tiny-h200-nor3 \
+      --set train.routing_replay=false ;;
+  fallback)
+    [ -d build/tiny-qwen3-moe ] || python3 benchmarks/gpu/tiny_moe.py build/tiny-qwen3-moe
+    grpo grpo-fallback specs/tiny_h200.toml --set rollout.num_rollout=10 \
+      --set experiment.name=tiny-h200-fallback \
+      --set 'inference.extra_args=["--weight-transfer-config={\"backend\":\"none\"}"]' ;;
+  sync)
+    python3 benchmarks/gpu/tiny_moe.py build/qwen3-30b-a3b-slice --shape qwen3-30b-a3b --layers "${LAYERS:-4}"
+    for path in ipc fallback; do
+      extra=(); [ $path = fallback ] && extra=(--set 'inference.extra_args=["--weight-transfer-config={\"backend\":\"none\"}"]')
+      python3 benchmarks/gpu/weight_sync_bench.py specs/tiny_h200.toml \
+        --set model.hf_checkpoint=../build/qwen3-30b-a3b-slice "${extra[@]}" \
+        --out "$out/sync-$path.json" > "$out/sync-$path.log" 2>&1
+      echo "sync $path: exit $?"; grep -E "^push|RESULT|Error" "$out/sync-$path.log" | tail -8
+    done ;;
+  rollout)
+    for mode in ${MODES:-bare vime}; do
+      python3 benchmarks/gpu/rollout_bench.py --mode "$mode" --out "$out/rollout-$mode.json" \
+        --seqs "${SEQS:-512}" --tokens "${TOKENS:-1024}" > "$out/rollout-$mode.log" 2>&1
+      echo "$mode: exit $?"; grep RESULT "$out/rollout-$mode.log" || tail -5 "$out/rollout-$mode.log"
+    done ;;
+  *) echo "unknown step $step"; exit 2 ;;
+esac
