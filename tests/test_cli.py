@@ -18,7 +18,7 @@ def test_plan_text_fits_100_columns(capsys):
     for spec in SPECS:
         assert main(["plan", str(spec)]) == 0
         out = capsys.readouterr().out
-        assert "vLLM rollout" in out and "batch" in out
+        assert " rollout: " in out and "batch" in out
         assert max(len(line) for line in out.splitlines()) <= 100, spec.name
 
 

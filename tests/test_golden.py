@@ -13,6 +13,12 @@ from vime.emit import argfile, build, plan_json
 GOLDEN = ROOT / "tests" / "golden"
 
 
+@pytest.fixture(autouse=True)
+def _in_the_checkout(monkeypatch):
+    # resolved.toml names the schema from build_dir, a folder relative to the checkout
+    monkeypatch.chdir(ROOT)
+
+
 def _artifacts(path):
     result = run_spec(path)
     assert result.ok, [(d.code, d.message) for d in result.diagnostics]

@@ -53,7 +53,10 @@ def test_every_spec_shows_a_memory_breakdown(capsys):
     for spec in sorted((ROOT / "specs").glob("*.toml")):
         assert main(["plan", str(spec)]) == 0
         out = capsys.readouterr().out
-        assert "memory per GPU" in out and "KV cache" in out
+        if "torch backends" in out:  # Megatron's and vLLM's model does not apply (issue 17)
+            assert "memory (torch backends: fp32" in out and "KV cache" not in out
+        else:
+            assert "memory per GPU" in out and "KV cache" in out
 
 
 def test_unknown_gpu_skips_memory_with_a_warning():

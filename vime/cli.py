@@ -11,6 +11,7 @@ from pathlib import Path
 
 from vime import __version__, render
 from vime.parse import Source
+from vime.words import plural
 
 EXIT_OK, EXIT_SPEC, EXIT_USAGE, EXIT_INTERNAL, EXIT_JOB_FAILED = 0, 1, 2, 3, 4
 
@@ -181,15 +182,17 @@ def cmd_submit(args) -> int:
         raise UsageError(str(err)) from None
     job_id = folder.info["job_id"]
     if launcher == "slurm":
-        print(f"submitted job {job_id}: {result.spec.cluster.nodes} node(s) × "
-              f"{result.spec.cluster.gpus_per_node} GPUs")
+        print(f"submitted job {job_id}: {plural(result.spec.cluster.nodes, 'node')} × "
+              f"{plural(result.spec.cluster.gpus_per_node, 'GPU')}")
     else:
         outcome = folder.read_json("outcome.json") or {}
         print(f"job {job_id} {'succeeded' if code == 0 else 'failed'}"
               + (f": {outcome['error']}" if outcome.get("error") else ""))
     print(f"job folder  {folder.path}\n"
-          f"logs        {folder.path / 'logs'}/node-0.log (head and driver), node-<i>.log\n"
-          f"follow      vime status {job_id if launcher == 'slurm' else folder.path}")
+          f"logs        {folder.path / 'logs'}/node-0.log (head and driver), node-<i>.log")
+    # a local or attached job has ended by now: there is nothing left to follow
+    if launcher == "slurm":
+        print(f"follow      vime status {job_id}")
     return EXIT_OK if launcher == "slurm" or code == 0 else EXIT_JOB_FAILED
 
 
@@ -198,7 +201,6 @@ def cmd_convert(args) -> int:
     import math
     import shlex
     import subprocess
-    import tempfile
 
     from vime.emit.resolved import arch_as_config
 
@@ -224,19 +226,18 @@ def cmd_convert(args) -> int:
     # the smallest world that holds the layout: megatron-core needs tp and ep × etp to
     # divide a pipeline stage's ranks (cp replicates the weights), one GPU per rank
     world = layout["pp"] * math.lcm(layout["tp"], layout["ep"] * layout["etp"])
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="vime-arch-", delete=False) as fh:
-        json.dump(arch_as_config(result.spec), fh)
+    # the architecture inline, not in a temporary file: the command printed is one that works
+    # after a --dry-run too (issue 17)
+    arch = json.dumps(arch_as_config(result.spec), sort_keys=True, separators=(",", ":"))
     launcher = [sys.executable] if world == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={world}"]
     command = [*launcher, "-m", "runtime.megatron.convert", "--to", args.to,
-               *(f"--{k}={v}" for k, v in layout.items()), "--arch", fh.name, source, target]
+               *(f"--{k}={v}" for k, v in layout.items()), "--arch", arch, source, target]
     print(" ".join(shlex.quote(part) for part in command))
     if args.dry_run:
-        Path(fh.name).unlink(missing_ok=True)
         return EXIT_OK
     completed = subprocess.run(command, check=False)
-    Path(fh.name).unlink(missing_ok=True)
     return EXIT_OK if completed.returncode == 0 else EXIT_INTERNAL
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from vime.diagnostics import Diagnostic
 from vime.plan import Plan
+from vime.plan.memory import RAY_OBJECT_STORE_FRACTION, torch_memory, uses_torch_backend
+from vime.words import count_unit, plural
 
 WIDTH = 100
 
@@ -78,39 +80,55 @@ def plan_text(plan: Plan) -> str:
     spec, layout, batch = plan.spec, plan.layout, plan.batch
     arch, d = spec.arch, spec.derived
     out = [f"vime plan: {spec.experiment.name}", ""]
-    mem = f", {d.gpu_memory_gib:g} GiB each" if d.gpu_memory_gib else ""
-    out.append(f"cluster   {spec.cluster.nodes} node(s) × {spec.cluster.gpus_per_node} "
-               f"{spec.cluster.gpu} = {d.world_size} GPUs{mem}; "
+    torch_only = spec.train.backend == spec.inference.backend == "torch"
+    if torch_only:
+        # cluster.gpu only feeds the Megatron/vLLM memory model; torch runs on what it finds
+        cards = f"{plural(spec.cluster.gpus_per_node, 'GPU')} = {plural(d.world_size, 'GPU')}"
+    else:
+        mem = f", {d.gpu_memory_gib:g} GiB each" if d.gpu_memory_gib else ""
+        cards = (f"{spec.cluster.gpus_per_node} {spec.cluster.gpu} = "
+                 f"{plural(d.world_size, 'GPU')}{mem}")
+    out.append(f"cluster   {plural(spec.cluster.nodes, 'node')} × {cards}; "
                + ("colocated: actor and rollout share every GPU" if spec.train.colocate else
-                  f"actor on {spec.train.num_gpus} GPUs, rollout on {spec.inference.num_gpus}"))
+                  f"actor on {plural(spec.train.num_gpus, 'GPU')}, rollout on "
+                  f"{spec.inference.num_gpus}"))
+    if torch_only:
+        out.append("          torch backends: each rank and engine takes a CUDA device where there "
+                   "is one, else the CPU")
     moe = (f"{arch.num_experts} experts, top-{arch.topk}, {arch.num_moe_layers}/{arch.num_layers} "
            "MoE layers" if arch.is_moe else "dense")
     out.append(f"model     {arch.model_type}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
                f"{arch.num_attention_heads} heads / {arch.num_kv_heads} KV, {moe}")
-    sizes = (f"          {arch.params_total / 1e9:.2f} B parameters, "
-             f"{arch.params_active / 1e9:.2f} B active per token")
+    sizes = (f"          {count_unit(arch.params_total)} parameters, "
+             f"{count_unit(arch.params_active)} active per token")
     origin = f"(from {spec.origin('model.arch').describe()})"
     # a long path (config.json of an absolute checkpoint folder) goes on its own line
     out += ([f"{sizes} {origin}"] if len(sizes) + len(origin) < 100
             else [sizes, f"          {origin}"])
-    out += ["", "GPUs (Megatron coordinates of the actor rank; e = vLLM engine)"]
+    engine = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
+    out += ["", f"GPUs (Megatron coordinates of the actor rank; e = {engine} engine)"]
     out += _cluster_picture(plan)
     why_dp = f"{spec.train.num_gpus} ÷ (tp {layout.tp} × cp {layout.cp} × pp {layout.pp})"
     why_edp = f"{spec.train.num_gpus} ÷ (etp {layout.etp} × ep {layout.ep} × pp {layout.pp})"
     sp = " + sp" if spec.train.parallel.sequence_parallel else ""
-    out += ["", "Megatron actor (groups as RankGenerator, order tp-cp-ep-dp-pp)",
+    actor = "Megatron actor" if spec.train.backend == "megatron" else f"{spec.train.backend} actor"
+    out += ["", f"{actor} (groups as RankGenerator, order tp-cp-ep-dp-pp)",
             f"  dense:  tp {layout.tp}{sp}, cp {layout.cp}, pp {layout.pp}, dp {layout.dp} = {why_dp}",
             f"  expert: ep {layout.ep}, etp {layout.etp}, edp {layout.edp} = {why_edp}"]
     out += [_groups_line(name, groups) for name, groups in plan.groups.items()]
-    out += ["", f"vLLM rollout: {len(plan.engines)} engine(s) of {spec.inference.gpus_per_engine} GPUs"]
+    rollout = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
+    out += ["", f"{rollout} rollout: {plural(len(plan.engines), 'engine')} of "
+            f"{plural(spec.inference.gpus_per_engine, 'GPU')}"]
     for e in plan.engines:
         nodes = ",".join(map(str, e.nodes))
         experts = (f"{e.physical_experts} physical experts ({e.redundant_experts} redundant), "
                    f"{e.experts_per_gpu} per GPU" if e.physical_experts else "dense")
-        out.append(f"  e{e.index}: TP {e.tp} × DP {e.dp}, EP {e.ep}, node(s) {nodes}; {experts}")
+        out.append(f"  e{e.index}: TP {e.tp} × DP {e.dp}, EP {e.ep}, "
+                   f"{'node' if len(e.nodes) == 1 else 'nodes'} {nodes}; {experts}")
     out += ["", "batch"]
     out.append(f"  {batch.rollout_batch_size} prompts × {batch.n_samples_per_prompt} samples = "
-               f"{batch.samples_per_rollout} samples per rollout = {batch.steps_per_rollout} step(s) "
+               f"{batch.samples_per_rollout} samples per rollout = "
+               f"{plural(batch.steps_per_rollout, 'step')} "
                f"× global batch {batch.global_batch_size}")
     if batch.dynamic_batch:
         out.append(f"  {batch.samples_per_dp_rank} samples per dp rank per step, packed into "
@@ -126,6 +144,14 @@ def plan_text(plan: Plan) -> str:
 
 def _memory_text(plan: Plan) -> list[str]:
     mem = plan.memory
+    if uses_torch_backend(plan.spec):
+        torch = torch_memory(plan.spec)
+        if torch is None:
+            return ["", "memory: not planned (no model architecture)"]
+        return ["", "memory (torch backends: fp32, the whole model on each device; activations "
+                "not counted)",
+                f"  actor rank  {_size(torch.actor_bytes)}  weights, gradients and 2 Adam moments",
+                f"  engine      {_size(torch.engine_bytes)}  weights"]
     if mem is None:
         return ["", "memory: not planned (unknown GPU memory; set cluster.gpu_memory_gib)"]
     gib = 1024**3
@@ -141,7 +167,28 @@ def _memory_text(plan: Plan) -> list[str]:
                f"sequences of {roll.max_len} tokens at once per engine")
     out.append(f"            (a rollout gives each engine {roll.samples_per_engine} samples)")
     if mem.host_terms:
-        have = f" of {mem.host_capacity / gib:.0f}" if mem.host_capacity else ""
-        out.append(f"  host per node: {mem.host_per_node / gib:.0f}{have} GiB "
-                   + ", ".join(f"{t.name} {t.bytes / gib:.0f}" for t in mem.host_terms))
+        # the same total and parts as V804 (vime/check/memory.py) compares with the node
+        if mem.host_capacity is not None:
+            out.append(f"  host per node: {mem.host_per_node / gib:.1f} of "
+                       f"{mem.host_capacity / gib:.1f} GiB, Ray's object store included")
+        else:
+            least = mem.host_per_node / (1 - RAY_OBJECT_STORE_FRACTION)
+            out.append(f"  host per node: {mem.host_per_node / gib:.1f} GiB + Ray's object store "
+                       f"({RAY_OBJECT_STORE_FRACTION:.0%} of the node): nodes of ≥ "
+                       f"{least / gib:.1f} GiB")
+        line = "   "
+        for i, t in enumerate(mem.host_terms):
+            part = f" {t.name} {t.bytes / gib:.1f}" + (" +" if i < len(mem.host_terms) - 1 else "")
+            if len(line) + len(part) > WIDTH:
+                out.append(line)
+                line = "   "
+            line += part
+        out.append(line)
     return out
+
+
+def _size(value: float) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if value >= size:
+            return f"{value / size:6.1f} {unit}"
+    return f"{value:6.0f} B"

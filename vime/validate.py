@@ -16,6 +16,7 @@ from vime import schema
 from vime.diagnostics import Diagnostic, dotted
 from vime.overrides import Positions
 from vime.parse import Path
+from vime.words import a
 
 
 def _suggest(path: Path, key: str) -> str | None:
@@ -42,7 +43,7 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str | None]:
         return f"{value!r} is not one of {', '.join(map(repr, error.validator_value))}", None
     if error.validator == "type":
         expected = error.validator_value
-        return f"{value!r} is not of type {expected}", f"write a {expected} here" + (
+        return f"{value!r} is not of type {expected}", f"write {a(str(expected))} here" + (
             f" (default {sub['default']!r})" if "default" in sub else "")
     if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         bounds = {k: sub[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
@@ -92,7 +93,7 @@ def validate(raw: dict, positions: Positions) -> tuple[dict, list[Diagnostic], b
                 "error", "V005", key_path, f"required key {dotted(key_path)} is missing",
                 positions.locate(path),
                 help=f"add {missing} = ... under [{dotted(path)}]: {sub.get('description', '')}"
-                if path else f"add a [{missing}] section: {sub.get('description', '')}"))
+                if path else f"add {a(f'[{missing}]')} section: {sub.get('description', '')}"))
             can_continue = False
         elif error.validator == "propertyNames":
             diagnostics.append(Diagnostic(

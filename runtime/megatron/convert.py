@@ -230,14 +230,18 @@ def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.megatron.convert")
     parser.add_argument("--to", choices=("torch_dist", "hf"), required=True)
-    parser.add_argument("--arch", required=True, help="a JSON file of HF config.json keys")
+    parser.add_argument("--arch", required=True,
+                        help="HF config.json keys: a JSON object, or a file holding one")
     for size in ("tp", "pp", "ep", "etp"):
         parser.add_argument(f"--{size}", type=int, default=1,
                             help=f"the layout's {size} (the world must hold it)")
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
     args = parser.parse_args(argv)
-    config = json.loads(Path(args.arch).read_text())
+    # `vime convert` passes the object inline, so that the command its --dry-run prints works
+    # as it stands (a temporary file would be gone by then; issue 17)
+    config = json.loads(args.arch if args.arch.lstrip().startswith("{")
+                        else Path(args.arch).read_text())
     arch = arch_from_config(config)
     layout = {"tp": args.tp, "pp": args.pp, "ep": args.ep, "etp": args.etp}
     args.target.parent.mkdir(parents=True, exist_ok=True)

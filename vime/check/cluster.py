@@ -69,9 +69,10 @@ def multi_node_shared_paths(spec: Spec):
 
     Every node reads the checkpoint and the prompts and writes logs and checkpoints under
     output_dir (the seed: "put the model and data on a path every node can reach, such as
-    NFS"). A relative path or a node-local folder such as /tmp exists on each node
-    separately: workers on other nodes find nothing, or write checkpoints the head never
-    sees.
+    NFS"). A node-local folder such as /tmp exists on each node separately: workers on
+    other nodes find nothing, or write checkpoints the head never sees. A relative path is
+    made absolute by `vime submit` (vime/launch/paths.py): from the spec's folder, or for
+    output_dir from the folder vime runs in; that folder must then be shared too.
     Fix: absolute paths on a shared file system (NFS, Lustre, GPFS)."""
     if spec.cluster.nodes <= 1:
         return
@@ -82,12 +83,15 @@ def multi_node_shared_paths(spec: Spec):
         if value is None:
             continue
         if not value.startswith(("/", "~")):
-            why = "is relative, so each node resolves it in its own working directory"
+            base = ("the folder vime runs in" if key == "experiment.output_dir"
+                    else "the spec's folder")
+            why = (f"is relative: `vime submit` makes it absolute from {base}, which all "
+                   f"{spec.cluster.nodes} nodes must mount")
         elif value.startswith(NODE_LOCAL_PREFIXES):
-            why = "looks node-local"
+            why = f"looks node-local, but the job has {spec.cluster.nodes} nodes"
         else:
             continue
-        yield Finding(key, f"{key} = {value!r} {why}, but the job has {spec.cluster.nodes} nodes",
+        yield Finding(key, f"{key} = {value!r} {why}",
                       help="use an absolute path on a file system every node mounts")
 
 
@@ -127,11 +131,24 @@ def gpu_memory_known(spec: Spec):
                       f"{', '.join(sorted(GPU_MEMORY_GIB))}")
 
 
-# sbatch options vime sets from the spec; extra_args must not set them again.
-MANAGED_SBATCH = ("--nodes", "-N", "--ntasks-per-node", "--gpus-per-node", "--gres", "--time",
-                  "-t", "--partition", "-p", "--account", "-A", "--qos", "--constraint", "-C",
-                  "--reservation", "--exclusive", "--job-name", "-J", "--output", "-o", "--error",
-                  "-e", "--cpus-per-task", "-c", "--signal")
+# sbatch options vime sets from the spec (vime/emit/sbatch.py); extra_args must not set them
+# again. Each maps to the spec key that sets it, or None where vime owns the option.
+MANAGED_SBATCH: dict[str, str | None] = {
+    "--nodes": "cluster.nodes", "-N": "cluster.nodes",
+    "--ntasks-per-node": None,
+    "--gpus-per-node": "cluster.gpus_per_node", "--gres": "cluster.gpus_per_node",
+    "--time": "cluster.slurm.time", "-t": "cluster.slurm.time",
+    "--partition": "cluster.slurm.partition", "-p": "cluster.slurm.partition",
+    "--account": "cluster.slurm.account", "-A": "cluster.slurm.account",
+    "--qos": "cluster.slurm.qos",
+    "--constraint": "cluster.slurm.constraint", "-C": "cluster.slurm.constraint",
+    "--reservation": "cluster.slurm.reservation",
+    "--exclusive": "cluster.slurm.exclusive",
+    "--job-name": "experiment.name", "-J": "experiment.name",
+    "--output": None, "-o": None, "--error": None, "-e": None,
+    "--cpus-per-task": "cluster.slurm.cpus_per_task", "-c": "cluster.slurm.cpus_per_task",
+    "--signal": None,
+}
 
 
 @rule("V704", "slurm-extra-args-contradict-spec", enforced_by="vime")
@@ -146,6 +163,10 @@ def slurm_extra_args_contradict_spec(spec: Spec):
     for index, arg in enumerate(spec.cluster.slurm.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_SBATCH:
+            key = MANAGED_SBATCH[flag]
             yield Finding(f"cluster.slurm.extra_args[{index}]",
-                          f"extra_args sets {flag}, which vime writes from the spec",
-                          help="remove it and set the matching spec key")
+                          f"extra_args sets {flag}, which vime writes "
+                          + ("from the spec" if key else "itself"),
+                          help=f"remove it and set {key} instead" if key else
+                          "remove it: no spec key sets it, vime writes it itself (the job's "
+                          "logs, tasks and requeue signal)")

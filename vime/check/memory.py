@@ -5,6 +5,7 @@ from __future__ import annotations
 from vime.check.registry import Finding, rule
 from vime.plan.memory import HEADROOM_WARNING, GiB, memory_plan
 from vime.resolve.spec import Spec
+from vime.words import a
 
 
 def _gib(value: float) -> str:
@@ -53,8 +54,8 @@ def train_memory_fits(spec: Spec):
         return
     phase = plan.train
     if phase.peak > phase.capacity:
-        yield Finding("train", f"training needs {_gib(phase.peak)} per GPU but a "
-                      f"{spec.cluster.gpu} has {_gib(phase.capacity)}",
+        yield Finding("train", f"training needs {_gib(phase.peak)} per GPU but "
+                      f"{a(spec.cluster.gpu)} has {_gib(phase.capacity)}",
                       help=_train_fixes(spec, phase.peak - phase.capacity),
                       related=("train.optimizer.cpu_offload", "train.max_tokens_per_gpu"))
     elif phase.headroom < HEADROOM_WARNING:
@@ -125,9 +126,11 @@ def host_memory_fits(spec: Spec):
         return
     need, have = plan.host_per_node, plan.host_capacity
     if need > have:
+        parts = " + ".join(f"{t.name} {t.bytes / GiB:.1f}" for t in plan.host_terms)
         yield Finding("cluster.host_memory_gib", f"each node needs {_gib(need)} of host memory "
-                      f"but has {_gib(have)}", help="more nodes with cpu_offload = false, or "
-                      "nodes with more memory", related=("train.optimizer.cpu_offload",))
+                      f"({parts}) but has {_gib(have)}",
+                      help="more nodes with cpu_offload = false, or nodes with more memory",
+                      related=("train.optimizer.cpu_offload",))
     elif (have - need) / have < HEADROOM_WARNING:
         yield Finding("cluster.host_memory_gib", f"each node needs {_gib(need)} of {_gib(have)} "
                       "host memory: under 10% headroom", severity="warning",

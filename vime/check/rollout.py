@@ -123,12 +123,25 @@ def context_fits_model(spec: Spec):
                       related=("rollout.max_prompt_len",))
 
 
-# Flags vime derives from the plan; setting them again in extra_args would contradict it.
-VIME_VLLM_FLAGS = ("--model", "--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp",
-                   "--enable-expert-parallel", "-ep", "--enable-eplb", "--eplb-config",
-                   "--gpu-memory-utilization", "--max-model-len", "--cudagraph-capture-sizes",
-                   "--moe-backend", "--enable-sleep-mode", "--enable-return-routed-experts",
-                   "--pipeline-parallel-size", "-pp")
+# Flags vime derives from the plan (vime/emit/vllm.py); setting them again in extra_args would
+# contradict it. Each maps to the spec key(s) it comes from, or None where none does.
+VIME_VLLM_FLAGS: dict[str, str | None] = {
+    "--model": "model.hf_checkpoint",
+    "--tensor-parallel-size": "inference.gpus_per_engine and data_parallel_size",
+    "-tp": "inference.gpus_per_engine and data_parallel_size",
+    "--data-parallel-size": "inference.data_parallel_size",
+    "-dp": "inference.data_parallel_size",
+    "--enable-expert-parallel": "inference.expert_parallel",
+    "-ep": "inference.expert_parallel",
+    "--enable-eplb": "inference.eplb.enabled", "--eplb-config": "[inference.eplb]",
+    "--gpu-memory-utilization": "inference.gpu_memory_utilization",
+    "--max-model-len": "rollout.max_prompt_len and max_response_len",
+    "--cudagraph-capture-sizes": "inference.cudagraph_capture_sizes",
+    "--moe-backend": "inference.moe_backend",
+    "--enable-sleep-mode": "train.colocate",
+    "--enable-return-routed-experts": "train.routing_replay",
+    "--pipeline-parallel-size": None, "-pp": None,
+}
 
 
 @rule("V507", "extra-args-contradict-plan", enforced_by="vime")
@@ -144,9 +157,12 @@ def extra_args_contradict_plan(spec: Spec):
     for index, arg in enumerate(spec.inference.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in VIME_VLLM_FLAGS:
+            key = VIME_VLLM_FLAGS[flag]
             yield Finding(f"inference.extra_args[{index}]",
                           f"extra_args sets {flag}, which vime derives from the spec",
-                          help="remove it and set the matching [inference] key")
+                          help=f"remove it and set {key} instead" if key else
+                          "remove it: vime runs no pipeline parallelism inside an engine, "
+                          "and no spec key sets it")
 
 
 @rule("V508", "routing-replay-keeps-prefix-cache", enforced_by="vllm")

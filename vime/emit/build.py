@@ -27,7 +27,7 @@ def files(plan: Plan, source_name: str, source_text: str, plan_obj: dict,
     digest = hashlib.sha256(source_text.encode()).hexdigest()
     name = plan.spec.experiment.name
     return {
-        "resolved.toml": resolved.render(plan.spec, source_name, digest),
+        "resolved.toml": resolved.render(plan.spec, source_name, digest, build_dir),
         "plan.json": plan_json.dumps(plan_obj),
         "megatron.args": argfile.render(megatron_args(plan)),
         "vllm.args": argfile.render(vllm_args(plan)),

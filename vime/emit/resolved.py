@@ -4,6 +4,8 @@ the vime version and the hash of the input, so a run can be traced to its exact 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import tomli_w
 
@@ -44,12 +46,26 @@ def arch_as_config(spec: Spec) -> dict:
     return config
 
 
-def render(spec: Spec, source_name: str, source_sha256: str) -> str:
+# The schema installed with vime (a copy of schema/vime.schema.json, in checkouts and wheels).
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "data" / "vime.schema.json"
+
+
+def schema_reference(build_dir: str | None) -> str:
+    """What resolved.toml's `#:schema` names, for editors (Taplo, Even Better TOML) that read it
+    relative to the file: the installed schema, from build_dir when that is a folder path, else
+    (a submitted job's folder, not known yet) by its absolute path."""
+    if build_dir is None or build_dir.startswith("<"):
+        return str(SCHEMA_FILE)
+    return Path(os.path.relpath(SCHEMA_FILE, os.path.abspath(build_dir))).as_posix()
+
+
+def render(spec: Spec, source_name: str, source_sha256: str,
+           build_dir: str | None = None) -> str:
     body = {name: _plain(getattr(spec, name)) for name in SECTIONS}
     if spec.arch is not None:
         body["model"]["arch"] = arch_as_config(spec)
     header = (
-        "#:schema https://vime.dev/schema/vime.schema.json\n"
+        f"#:schema {schema_reference(build_dir)}\n"
         f"# resolved by vime {__version__} from {source_name}\n"
         f"# input sha256 {source_sha256}\n"
         "# every default and derived value is written out; `vime plan` on this file gives the same plan\n\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vime.launch import slurm
 from vime.launch.jobdir import JobFolder, is_job_folder, remembered
+from vime.words import plural
 
 
 class FollowError(Exception):
@@ -78,8 +79,9 @@ def status_text(folder: JobFolder) -> str:
     info = folder.info
     state, _, detail = live_state(folder)
     lines = [f"job {info['job_id']}  {state}  ({detail})",
-             f"  experiment {info['experiment']}: {info['nodes']} node(s) × "
-             f"{info['gpus_per_node']} GPUs, spec {info['spec']} (sha256 {info['spec_sha256'][:16]})",
+             f"  experiment {info['experiment']}: {plural(info['nodes'], 'node')} × "
+             f"{plural(info['gpus_per_node'], 'GPU')}, spec {info['spec']} "
+             f"(sha256 {info['spec_sha256'][:16]})",
              f"  folder     {folder.path}"]
     head = folder.read_json("ray/head.json")
     if head:
@@ -88,7 +90,8 @@ def status_text(folder: JobFolder) -> str:
     ready = sorted(folder.path.glob("ray/ready-*.json"))
     if ready:
         timing = folder.read_json(f"ray/{ready[-1].name}")
-        lines.append(f"  ready      all {info['nodes'] * info['gpus_per_node']} GPUs after "
+        gpus = plural(info["nodes"] * info["gpus_per_node"], "GPU")
+        lines.append(f"  ready      all {gpus} after "
                      f"{timing['seconds_to_gpus_ready']:.1f} s (attempt {timing['attempt']})")
     outcome = folder.read_json("outcome.json")
     if outcome:
@@ -102,6 +105,10 @@ def status_text(folder: JobFolder) -> str:
 
 
 def logs(folder: JobFolder, node: int, follow: bool, out=sys.stdout) -> int:
+    nodes = folder.info.get("nodes")
+    if isinstance(nodes, int) and not 0 <= node < nodes:
+        only = "only node 0" if nodes == 1 else f"nodes 0 to {nodes - 1}"
+        raise FollowError(f"job {folder.info['job_id']} has {only}; there is no node {node}")
     path = folder.log(node)
     offset = 0
     quiet_since = None

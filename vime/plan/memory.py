@@ -312,10 +312,34 @@ def host_terms(spec: Spec) -> tuple[Term, ...]:
     return tuple(terms)
 
 
+def uses_torch_backend(spec: Spec) -> bool:
+    return "torch" in (spec.train.backend, spec.inference.backend)
+
+
+@dataclass(frozen=True)
+class TorchMemory:
+    """The torch backends' fp32 model, whole on each device (runtime/backends/torch_model.py):
+    what a rank and an engine hold, activations and the batch's KV not counted."""
+
+    actor_bytes: float  # weights, gradients and two Adam moments
+    engine_bytes: float  # weights
+
+
+def torch_memory(spec: Spec) -> TorchMemory | None:
+    if spec.arch is None or not uses_torch_backend(spec):
+        return None
+    params = spec.arch.params_total
+    return TorchMemory(actor_bytes=16 * params, engine_bytes=4 * params)
+
+
 def memory_plan(spec: Spec) -> MemoryPlan | None:
-    """None when the GPU's memory, the model or a valid layout is missing (other rules say why)."""
+    """None when the GPU's memory, the model or a valid layout is missing (other rules say
+    why), and for the torch backends: this model is of Megatron's and vLLM's memory (bf16
+    weights, KV cache, CUDA graphs, sleep mode), which they do not have (torch_memory)."""
     d = spec.derived
     if spec.arch is None or d.gpu_memory_gib is None or min(d.dp, d.edp, d.num_engines) < 1:
+        return None
+    if uses_torch_backend(spec):
         return None
     if actor_layout(spec).problems():
         return None
