@@ -63,7 +63,7 @@ lint: $(VENV)/.installed
 # the main suite, then the live engine tests in their own venv (VIME_REQUIRE_VLLM: there a vLLM
 # that does not import fails them instead of skipping)
 test: lint $(VLLM_VENV)/.installed
-	$(PY) -m pytest --ignore=tests/live
+	$(PY) -m pytest -rs --ignore=tests/live
 	$(MAKE) test-live
 
 test-live: $(VLLM_VENV)/.installed
