@@ -4,11 +4,13 @@ vime raise; what check accepts always plans, with every GPU accounted for."""
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from specsupport import ROOT, run_text
 
+from vime import pipeline, schema
 from vime.cli import main
 
 BASE = (ROOT / "specs" / "qwen3_30b.toml").read_text()
@@ -97,3 +99,25 @@ def test_plan_output_is_byte_deterministic(capsys):
         main(["plan", str(ROOT / "specs" / "qwen3_30b_24gpu_eplb.toml"), "--json"])
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1]
+
+
+INTEGER_KEYS = sorted(".".join(p) for p, sub in schema.leaves() if sub.get("type") == "integer")
+
+
+@settings(max_examples=150, deadline=1000, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from(INTEGER_KEYS),
+                          st.integers(-2**70, 2**70) | st.integers(0, 2**24)
+                          | st.sampled_from([262144, 262143, 65536, 4096, 10**12, 2**63])),
+                min_size=1, max_size=3))
+def test_huge_integers_give_diagnostics_within_a_second(pairs):
+    # issue 17: `cp = 10**12` hung vime plan; hypothesis' deadline bounds every example
+    result = run_text(BASE, [f"{key}={value}" for key, value in pairs])
+    assert all(re.fullmatch(CODE, d.code) for d in result.diagnostics)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.binary(max_size=64), st.integers(0, len(BASE)))
+def test_undecodable_bytes_give_a_diagnostic_never_an_exception(junk, at):
+    data = BASE.encode()[:at] + junk + BASE.encode()[at:]
+    result = pipeline.run_file("spec.toml", data, [], ROOT / "specs")
+    assert all(re.fullmatch(CODE, d.code) and d.location for d in result.diagnostics)

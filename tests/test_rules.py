@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from specsupport import ROOT, codes, run_text
 
-from vime import check
+from vime import check, pipeline
 
 FIXTURES = tomllib.loads((Path(__file__).parent / "fixtures" / "rules.toml").read_text())
 ALL_CODES = sorted({*check.RULES, *check.STAGE_CODES})
@@ -26,6 +26,9 @@ def _case(code: str, side: str, tmp_path: Path, make_checkpoint):
     for name, content in fixture.get("files", {}).items():
         (tmp / name).write_text(content)
     sets = [s.replace("{tmp}", str(tmp)) for s in fixture.get(side, [])]
+    encoding = fixture.get(f"{side}_encoding")
+    if encoding:  # the file's bytes in another encoding (V006)
+        return pipeline.run_file(f"specs/{base.name}", text.encode(encoding), sets, base.parent)
     return run_text(text, sets, name=f"specs/{base.name}", spec_dir=base.parent)
 
 

@@ -10,7 +10,6 @@ import traceback
 from pathlib import Path
 
 from vime import __version__, render
-from vime.parse import Source
 from vime.words import plural
 
 EXIT_OK, EXIT_SPEC, EXIT_USAGE, EXIT_INTERNAL, EXIT_JOB_FAILED = 0, 1, 2, 3, 4
@@ -87,12 +86,11 @@ def _load(args) -> tuple:
 
     path = Path(args.spec)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) else err
-        raise UsageError(f"cannot read spec {args.spec}: {reason}") from None
-    source = Source(args.spec, text)
-    return source, pipeline.run(source, args.sets, path.resolve().parent, args.strict)
+        data = path.read_bytes()
+    except OSError as err:
+        raise UsageError(f"cannot read spec {args.spec}: {err.strerror}") from None
+    result = pipeline.run_file(args.spec, data, args.sets, path.resolve().parent, args.strict)
+    return result.source, result
 
 
 def _print_diagnostics(result, fmt: str) -> None:

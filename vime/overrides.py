@@ -82,6 +82,13 @@ class Positions:
         override = self._override(path)
         if override is not None:
             return override.location
+        if tuple(path) not in self.spans.spans:
+            # a table only a --set wrote (--set train.paralel.tp=2): point at that argument,
+            # not at the closest table of the file
+            below = [o for p, o in self.overrides.items() if p[:len(path)] == tuple(path)]
+            if below:
+                first = min(below, key=lambda o: o.index)
+                return Location(first.location.file, 1, 1, first.argument)
         return self.spans.locate(path)
 
     def written(self, path: Path) -> bool:

@@ -12,7 +12,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 
-from vime.diagnostics import Diagnostic, Location
+from vime.diagnostics import Diagnostic, Location, dotted
 
 Path = tuple[str | int, ...]
 
@@ -53,6 +53,29 @@ class ParseError(Exception):
         self.diagnostic = diagnostic
 
 
+def decode(name: str, data: bytes) -> Source:
+    """The text of a spec file: TOML is UTF-8 (a leading byte-order mark is dropped). Any
+    other encoding is a V006 at the line and column of the first byte that is not UTF-8."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        encoding, start = "UTF-16 (it starts with a UTF-16 byte-order mark)", 0
+    else:
+        try:
+            return Source(name, data.decode("utf-8-sig"))
+        except UnicodeDecodeError as err:
+            encoding, start = "another encoding (Latin-1 or Windows-1252, most often)", err.start
+    before = data[:start].decode("utf-8-sig")  # the bytes before the first bad one are UTF-8
+    line = before.count("\n") + 1
+    col = len(before) - (before.rfind("\n") + 1) + 1
+    text = data.decode("utf-8", errors="replace")
+    raise ParseError(Diagnostic(
+        "error", "V006", (),
+        f"the spec is not UTF-8: byte 0x{data[start]:02x} at line {line}, column {col} cannot "
+        f"be read; the file is saved in {encoding}",
+        Location(name, line, col, Source(name, text).line(line)),
+        help="save the file as UTF-8 (an editor's Save with Encoding > UTF-8, or "
+        "`iconv -t utf-8`): TOML files are UTF-8"))
+
+
 _TOMLLIB_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 
@@ -64,6 +87,10 @@ def parse(source: Source) -> tuple[dict, SpanIndex]:
         found = _TOMLLIB_POSITION.search(str(err))
         line, col = (int(found[1]), int(found[2])) if found else (1, 1)
         message = _TOMLLIB_POSITION.sub("", str(err)).strip()
+        if message.startswith(_WRITTEN_TWICE):
+            twice = _written_twice(source)
+            if twice is not None:
+                raise ParseError(twice) from None
         raise ParseError(
             Diagnostic(
                 "error",
@@ -78,6 +105,31 @@ def parse(source: Source) -> tuple[dict, SpanIndex]:
     return raw, SpanIndex(source, _Scanner(source.text).scan())
 
 
+# tomllib's messages for a key or table written twice; they name neither the key nor the
+# first place (and "Cannot overwrite a value" says "at end of document")
+_WRITTEN_TWICE = ("Cannot overwrite a value", "Cannot declare", "Cannot mutate")
+
+
+def _written_twice(source: Source) -> Diagnostic | None:
+    """The first key or table the scanner saw written twice, as a V001 naming both places."""
+    try:
+        scanner = _Scanner(source.text)
+        scanner.scan()
+    except Exception:  # the scanner is lenient, but this text is known to be invalid
+        return None
+    if not scanner.conflicts:
+        return None
+    path, (first_line, first_col), (line, col) = scanner.conflicts[0]
+    key = dotted(path)
+    first = Location(source.name, first_line, first_col, source.line(first_line))
+    return Diagnostic(
+        "error", "V001", path,
+        f"the spec is not valid TOML: {key} is written twice, at line {first_line} and "
+        f"line {line}", Location(source.name, line, col, source.line(line)),
+        help=f"keep one of the two: delete line {line} or line {first_line}",
+        related=((path, first),))
+
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -89,6 +141,11 @@ class _Scanner:
         self.pos = 0
         self.spans: dict[Path, tuple[int, int]] = {}
         self._array_tables: dict[Path, int] = {}
+        # key paths given a value, and tables declared with a [header]: where, to name both
+        # places of a key written twice (path, first line:col, second line:col)
+        self._values: dict[Path, tuple[int, int]] = {}
+        self._declared: dict[Path, tuple[int, int]] = {}
+        self.conflicts: list[tuple[Path, tuple[int, int], tuple[int, int]]] = []
 
     # -- positions -------------------------------------------------------------------
     def _line_col(self, pos: int) -> tuple[int, int]:
@@ -206,6 +263,9 @@ class _Scanner:
         for name, start in parts:
             path = (*path, name)
             self._mark(path, start)
+            if path in self._values:  # a = 1 then a = 2, or a.b = 2
+                self.conflicts.append((path, self._values[path], self._line_col(start)))
+        self._values.setdefault(path, self._line_col(parts[0][1]))
         self._skip_blank(newlines=False)
         if self._peek() == "=":
             self.pos += 1
@@ -219,6 +279,13 @@ class _Scanner:
         path: Path = tuple(name for name, _ in self._key())
         self.pos = self.text.find("\n", self.pos)
         self.pos = len(self.text) if self.pos < 0 else self.pos
+        if not array:
+            here = self._line_col(start)
+            for earlier in (self._declared, self._values):
+                if path in earlier:  # [a] twice, or x = 1 then [x]
+                    self.conflicts.append((path, earlier[path], here))
+                    break
+            self._declared.setdefault(path, here)
         if array:
             index = self._array_tables.get(path, -1) + 1
             self._array_tables[path] = index

@@ -9,7 +9,7 @@ from pathlib import Path as FsPath
 from vime import check
 from vime.diagnostics import Diagnostic, finalize, has_errors
 from vime.overrides import Override, Positions, apply, parse_override
-from vime.parse import ParseError, Source, parse
+from vime.parse import ParseError, Source, decode, parse
 from vime.plan import Plan, plan
 from vime.resolve import resolve
 from vime.resolve.spec import Spec
@@ -28,6 +28,17 @@ class Result:
         return not has_errors(self.diagnostics)
 
 
+def run_file(name: str, data: bytes, sets: list[str] = (), spec_dir: FsPath | None = None,
+             strict: bool = False) -> Result:
+    """`run` on a file's bytes: a file that is not UTF-8 is a V006 diagnostic, not a crash."""
+    try:
+        source = decode(name, data)
+    except ParseError as err:
+        source = Source(name, data.decode("utf-8", errors="replace"))
+        return Result(source, finalize([err.diagnostic], strict))
+    return run(source, sets, spec_dir, strict)
+
+
 def run(source: Source, sets: list[str] = (), spec_dir: FsPath | None = None,
         strict: bool = False) -> Result:
     result = Result(source)
@@ -41,6 +52,12 @@ def run(source: Source, sets: list[str] = (), spec_dir: FsPath | None = None,
     except ParseError as err:
         result.diagnostics = finalize([*diagnostics, err.diagnostic], strict)
         return result
+    if not raw:  # an empty file: the V005s below say what is missing, this how to start
+        diagnostics.append(Diagnostic(
+            "error", "V005", (), "the spec is empty", spans.locate(()),
+            help="start from an example spec and edit it: copy specs/tiny_cpu.toml (the whole "
+            "loop on a laptop's CPU) or specs/qwen3_30b.toml (one node of 8 GPUs) from the "
+            "vime repository"))
     raw, problems = apply(raw, overrides)
     diagnostics += problems
     positions = Positions(spans, overrides)

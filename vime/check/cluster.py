@@ -121,13 +121,19 @@ def dashboard_exposed(spec: Spec):
 
 @rule("V703", "gpu-memory-known", severity="warning", enforced_by="vime")
 def gpu_memory_known(spec: Spec):
-    """vime does not know this GPU's memory, so it cannot plan memory.
+    """vime does not know this GPU's memory, so the memory plan (and V8xx) is skipped.
 
-    The card table covers the common training GPUs; for any other card give its memory.
+    The card table covers the common training GPUs; names are matched without regard to
+    case or form factor ("h100", "NVIDIA-A100-SXM4-80GB"). An A100 comes in two sizes, so
+    it must be written A100-80GB or A100-40GB. For any other card give its memory.
     Fix: cluster.gpu_memory_gib = <GiB per GPU>, or a known cluster.gpu."""
     if spec.derived.gpu_memory_gib is None:
-        yield Finding("cluster.gpu", f"unknown GPU {spec.cluster.gpu!r}: its memory is not known",
-                      help=f"set cluster.gpu_memory_gib, or gpu = one of "
+        gpu = spec.cluster.gpu
+        sizes = sorted(n for n in GPU_MEMORY_GIB if n.startswith(gpu.upper() + "-"))
+        yield Finding("cluster.gpu", f"unknown GPU {gpu!r}: its memory is not known, so the "
+                      "memory plan is skipped",
+                      help=f"write {' or '.join(sizes)}, or set cluster.gpu_memory_gib" if sizes
+                      else f"set cluster.gpu_memory_gib, or gpu = one of "
                       f"{', '.join(sorted(GPU_MEMORY_GIB))}")
 
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
+from vime import schema
 from vime.check.registry import Finding, rule
 from vime.resolve.spec import Spec
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n in increasing order, in O(√n): n is at most a schema maximum
+    (2**24 for model sizes), so a suggestion never walks a range as long as the value
+    (issue 17: `cp = 10**12` used to hang `vime plan`)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @rule("V101", "model-architecture", enforced_by="vime")
@@ -34,8 +41,11 @@ def _replica_help(spec: Spec, replica: int) -> str:
     par = spec.train.parallel
     options = []
     if spec.train.colocate:
-        more = next(n for n in range(nodes + 1, nodes + replica + 1) if n * gpn % replica == 0)
-        options.append(f"use {more} nodes ({more * gpn} GPUs)")
+        # the next node count whose GPUs hold whole replicas: a multiple of this step
+        step = replica // math.gcd(replica, gpn)
+        more = (nodes // step + 1) * step
+        if more <= schema.node(("cluster", "nodes"))["maximum"]:
+            options.append(f"use {more} nodes ({more * gpn} GPUs)")
     gpus = spec.train.num_gpus
     for axis in ("tp", "cp"):
         other = par.cp if axis == "tp" else par.tp
@@ -236,11 +246,15 @@ def cp_divides_sequence(spec: Spec):
     cp = spec.train.parallel.cp
     seq = spec.rollout.max_prompt_len + spec.rollout.max_response_len
     if cp > 1 and seq % (2 * cp):
-        fit = seq - seq % (2 * cp)
+        response = seq - seq % (2 * cp) - spec.rollout.max_prompt_len
+        if response >= 1:
+            fix = f"max_response_len = {response}"
+        else:  # 2 × cp is longer than the sequence: only a smaller cp helps
+            fits = [d for d in divisors(seq // 2) if d < cp] if seq % 2 == 0 else []
+            fix = f"cp = {max(fits)}" if fits else "cp = 1, or an even max_prompt_len + max_response_len"
         yield Finding("rollout.max_response_len",
                       f"max_prompt_len + max_response_len = {seq} is not a multiple of "
-                      f"2 × cp = {2 * cp}",
-                      help=f"max_response_len = {fit - spec.rollout.max_prompt_len}",
+                      f"2 × cp = {2 * cp}", help=fix,
                       related=("train.parallel.cp", "rollout.max_prompt_len"))
 
 

@@ -86,7 +86,17 @@ STAGE_CODES: dict[str, tuple[str, str]] = {
 
         Keys without a sensible default (the experiment name, the cluster size, the model
         checkpoint, the prompt data and the rollout counts) must be written.
-        Fix: add the key; the help line gives its meaning."""),
+        Fix: add the key; the help line gives its meaning. An empty spec is reported once
+        more, first, with the example specs to start from (specs/tiny_cpu.toml runs on a
+        laptop)."""),
+    "V006": ("spec-not-utf8", """The spec file is not UTF-8 text.
+
+        TOML files are UTF-8 (TOML 1.0, and Python's tomllib reads nothing else). A file
+        saved as Latin-1 or Windows-1252 (an accented letter in a comment or a path) or as
+        UTF-16 (some Windows editors) cannot be read; the position is the first byte that
+        is not UTF-8.
+        Fix: save the file as UTF-8 (an editor's "Save with Encoding", or
+        `iconv -f latin1 -t utf-8 spec.toml > fixed.toml`)."""),
 }
 
 

@@ -5,6 +5,7 @@ Runs only on a spec that check accepted, so every division here is exact.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from vime.plan.groups import Layout
@@ -62,10 +63,12 @@ class Plan:
     memory: MemoryPlan | None
 
     def engine_of(self, gpu: Gpu) -> int | None:
-        for engine in self.engines:
-            if gpu in engine.gpus:
-                return engine.index
-        return None
+        return self._engine_by_gpu.get(gpu)
+
+    @functools.cached_property
+    def _engine_by_gpu(self) -> dict[Gpu, int]:
+        # one lookup table, not a scan of every engine per GPU (quadratic on big clusters)
+        return {gpu: engine.index for engine in reversed(self.engines) for gpu in engine.gpus}
 
 
 def _engines(spec: Spec) -> tuple[Engine, ...]:

@@ -29,16 +29,16 @@ def orthogonal_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
     strides = [prod(sizes[:i]) for i in range(len(sizes))]
     masked = [i for i, m in enumerate(mask) if m]
     unmasked = [i for i, m in enumerate(mask) if not m]
-    group_size = prod(sizes[i] for i in masked)
+    # every group has the same members relative to its first rank: compute them once, so a
+    # plan of the largest cluster the schema admits stays linear in its ranks (issue 17)
+    offsets = [sum(c * strides[i] for c, i in zip(_decompose(r, [sizes[i] for i in masked]),
+                                                  masked, strict=True))
+               for r in range(prod(sizes[i] for i in masked))]
     groups = []
-    for g in range(prod(sizes) // group_size):
+    for g in range(prod(sizes) // len(offsets)):
         fixed = _decompose(g, [sizes[i] for i in unmasked])
         base = sum(c * strides[i] for c, i in zip(fixed, unmasked, strict=True))
-        groups.append([
-            base + sum(c * strides[i] for c, i in zip(_decompose(r, [sizes[i] for i in masked]),
-                                                     masked, strict=True))
-            for r in range(group_size)
-        ])
+        groups.append([base + offset for offset in offsets])
     return groups
 
 
@@ -111,6 +111,6 @@ class Layout:
         }
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        dense, expert = self.dense.coordinates(rank), self.expert.coordinates(rank)
-        return {"tp": dense["tp"], "cp": dense["cp"], "dp": dense["dp"], "pp": dense["pp"],
-                "ep": expert["ep"], "etp": expert["tp"], "edp": expert["dp"]}
+        tp, cp, dp, pp = _decompose(rank, [self.tp, self.cp, self.dp, self.pp])
+        etp, ep, edp, _ = _decompose(rank, [self.etp, self.ep, self.edp, self.pp])
+        return {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep, "etp": etp, "edp": edp}

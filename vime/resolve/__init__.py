@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from pathlib import Path as FsPath
 
@@ -25,6 +26,23 @@ GPU_MEMORY_GIB = {
     "H100": 79.6, "H800": 79.6, "H20": 96, "H200": 139.8, "A100-80GB": 80, "A100-40GB": 40,
     "A800": 80, "B200": 180, "GB200": 186, "L40S": 48,
 }
+
+# How nvidia-smi and people write the same cards: "h100", "NVIDIA A100-SXM4-80GB" (with the
+# space as - or _), "A100-80G" (issue 17: case and the form factor made known cards unknown).
+_FORM_FACTORS = re.compile(r"-(SXM\d?|PCIE)(?=-|$)")
+
+
+def gpu_name(written: str) -> str | None:
+    """The card table's name for a cluster.gpu as written, or None when it is not known."""
+    name = written.strip().upper().replace("_", "-").replace(" ", "-")
+    name = _FORM_FACTORS.sub("", name.removeprefix("NVIDIA-"))
+    name = re.sub(r"-(\d+)G?$", r"-\1GB", name)  # A100-80, A100-80G -> A100-80GB
+    if name in GPU_MEMORY_GIB:
+        return name
+    sized = re.fullmatch(r"(.+)-(\d+)GB", name)  # H100-80GB is the table's H100, H100-94GB not
+    if sized and sized[1] in GPU_MEMORY_GIB and abs(GPU_MEMORY_GIB[sized[1]] - int(sized[2])) < 2:
+        return sized[1]
+    return None
 
 
 # Written beside a torch_dist checkpoint by runtime/megatron/convert.py (its LAYOUT_FILE;
@@ -152,7 +170,10 @@ def _derive(values: dict, origins: dict[str, Origin]) -> Derived:
     actor = train["num_gpus"]
     vllm_dp = inference["data_parallel_size"]
     vllm_tp = max(inference["gpus_per_engine"] // vllm_dp, 1)
-    gpu_memory = cluster["gpu_memory_gib"] or GPU_MEMORY_GIB.get(cluster["gpu"])
+    known = gpu_name(cluster["gpu"])
+    if known is not None:
+        cluster["gpu"] = known
+    gpu_memory = cluster["gpu_memory_gib"] or GPU_MEMORY_GIB.get(known)
     return Derived(
         world_size=world,
         dp=actor // (par["tp"] * par["cp"] * par["pp"]),
@@ -199,5 +220,5 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath) -> Spec:
                 torch_dist_layout=saved_layout, invocation=invocation, origins=origins)
 
 
-__all__ = ["resolve", "read_arch", "read_saved_layout", "ArchResolution", "GPU_MEMORY_GIB",
+__all__ = ["resolve", "read_arch", "read_saved_layout", "ArchResolution", "GPU_MEMORY_GIB", "gpu_name",
            "LAYOUT_FILE", "LAYOUT_SIZES", "Path"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vime import schema
+
 _QWEN3_COMMON = {
     "vocab_size": 151936,
     "head_dim": 128,
@@ -164,7 +166,15 @@ def _int(config: dict, key: str, default: int | None = None) -> int:
         raise ArchError(key, f"config.json {key!r} is {value!r}, expected an integer")
     if value < 0:
         raise ArchError(key, f"config.json {key!r} is {value}, expected ≥ 0")
+    # config.json is not validated against the schema, so its bounds are applied here: the
+    # planner builds per-layer tables and searches divisors of these numbers (issue 17)
+    limit = (schema.node(("model", "arch", _SCHEMA_KEY.get(key, key))) or {}).get("maximum")
+    if limit is not None and value > limit:
+        raise ArchError(key, f"config.json {key!r} is {value}, more than vime plans (≤ {limit})")
     return value
+
+
+_SCHEMA_KEY = {"num_local_experts": "num_experts"}
 
 
 def moe_layer_pattern(num_layers: int, num_experts: int, sparse_step: int,

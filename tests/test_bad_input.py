@@ -1,0 +1,111 @@
+"""Issue 17, bad input: huge integers, files that are not UTF-8, an empty spec, a key written
+twice, unknown keys from --set, GPU names as people write them."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from specsupport import ROOT, codes, run_text
+
+from vime import pipeline, schema
+from vime.cli import main
+from vime.resolve import gpu_name
+
+BASE = (ROOT / "specs" / "qwen3_30b.toml").read_text()
+PARALLEL = ("tp", "pp", "cp", "ep", "etp")
+
+
+def test_every_integer_key_has_a_documented_maximum():
+    for path, sub in schema.leaves():
+        for node in (sub, sub.get("items") or {}):
+            if node.get("type") == "integer":
+                assert "maximum" in node, path
+                assert "at most" in sub["description"].lower(), path
+
+
+@pytest.mark.parametrize("key", PARALLEL)
+def test_huge_parallel_sizes_are_refused_by_the_schema_quickly(key):
+    started = time.perf_counter()
+    result = run_text(BASE, [f"train.parallel.{key}=9223372036854775808"])
+    assert time.perf_counter() - started < 1
+    assert codes(result) == {"V003"}
+
+
+@pytest.mark.parametrize("key", PARALLEL)
+def test_the_largest_admitted_parallel_size_checks_within_a_second(key):
+    biggest = schema.node(("train", "parallel", key))["maximum"]
+    started = time.perf_counter()
+    result = run_text(BASE, [f"train.parallel.{key}={biggest}"])
+    assert time.perf_counter() - started < 1
+    assert not result.ok and "V003" not in codes(result)
+    assert all("-" not in (d.help or "").split("= ")[-1][:1] for d in result.diagnostics)
+
+
+def test_cp_longer_than_the_sequence_suggests_a_smaller_cp():
+    result = run_text(BASE, ["train.parallel.cp=262144"])
+    v208 = next(d for d in result.diagnostics if d.code == "V208")
+    assert v208.help.startswith("cp = ") and "max_response_len = -" not in v208.help
+
+
+def test_a_latin1_file_is_a_positioned_v006_also_as_json(tmp_path, capsys):
+    spec = tmp_path / "latin1.toml"
+    spec.write_bytes('[experiment]\nname = "café"\n'.encode("latin-1"))
+    assert main(["plan", str(spec), "--json"]) == 1
+    diag = json.loads(capsys.readouterr().out)["diagnostics"][0]
+    assert (diag["code"], diag["line"], diag["col"]) == ("V006", 2, 12)
+    assert "UTF-8" in diag["help"]
+
+
+def test_a_utf16_file_is_a_v006_and_a_bom_is_fine():
+    result = pipeline.run_file("u16.toml", BASE.encode("utf-16"), [], ROOT / "specs")
+    assert codes(result) == {"V006"} and "UTF-16" in result.diagnostics[0].message
+    with_bom = pipeline.run_file("bom.toml", b"\xef\xbb\xbf" + BASE.encode(), [], ROOT / "specs")
+    assert with_bom.ok
+
+
+def test_an_empty_spec_first_says_how_to_start():
+    result = run_text("# nothing yet\n")
+    first = result.diagnostics[0]
+    assert first.message == "the spec is empty" and "specs/tiny_cpu.toml" in first.help
+    assert sum(d.code == "V005" for d in result.diagnostics) == 6
+
+
+def test_a_key_written_twice_names_the_key_and_both_lines():
+    result = run_text('[experiment]\nname = "a"\nseed = 1\nname = "b"\n')
+    (diag,) = result.diagnostics
+    assert diag.code == "V001" and diag.key == "experiment.name"
+    assert "line 2 and line 4" in diag.message and diag.location.line == 4
+    assert diag.related[0][1].line == 2
+
+
+def test_a_table_declared_twice_names_it():
+    (diag,) = run_text("[rollout]\nbatch_size = 4\n[rollout]\nnum_rollout = 2\n").diagnostics
+    assert diag.key == "rollout" and "line 1 and line 3" in diag.message
+
+
+def test_an_unknown_key_from_set_is_reported_at_the_set_argument():
+    result = run_text(BASE, ["train.parallel.tp=4", "train.paralel.tp=2"])
+    (diag,) = [d for d in result.diagnostics if d.code == "V002"]
+    assert (diag.location.file, diag.location.col) == ("--set[2]", 1)
+
+
+@pytest.mark.parametrize("written, known", [
+    ("h100", "H100"), ("NVIDIA-A100-SXM4-80GB", "A100-80GB"), ("a100-40gb", "A100-40GB"),
+    ("A100-PCIE-40GB", "A100-40GB"), ("A100-80G", "A100-80GB"), ("H200-141GB", "H200"),
+    ("A100", None), ("H100-94GB", None), ("RTX4090", None)])
+def test_gpu_names_as_people_write_them(written, known):
+    assert gpu_name(written) == known
+
+
+def test_a_lower_case_gpu_plans_memory():
+    result = run_text(BASE, ["cluster.gpu=h100"])
+    assert result.ok and result.plan.memory is not None and result.spec.cluster.gpu == "H100"
+
+
+def test_an_unknown_gpu_says_the_memory_plan_is_skipped():
+    result = run_text(BASE, ["cluster.gpu=A100"])
+    (diag,) = result.diagnostics
+    assert diag.code == "V703" and "memory plan is skipped" in diag.message
+    assert "A100-80GB" in diag.help and result.plan.memory is None
