@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from runtime import actors
@@ -77,3 +78,19 @@ def vime(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
     return subprocess.run([str(Path(sys.executable).with_name("vime")), *args], cwd=cwd,
                           env=dict(os.environ, **(env or {})), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def busy(host, within: float = 60.0, ping_s: float = 0.2) -> bool:
+    """Whether a Ray actor host is seen in the middle of a call: an actor runs one call at a
+    time, so a ping that does not come back within `ping_s` waits behind its generate. (A
+    fixed sleep before a kill raced: on a loaded machine the call had not started, on an idle
+    one it had already finished.)"""
+    import ray
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            ray.get(host.ping.remote(), timeout=ping_s)
+        except ray.exceptions.GetTimeoutError:
+            return True
+    return False

@@ -6,10 +6,9 @@ ranks on GPUs 2 and 3, two training ranks on GPUs 0 and 1."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-from runtimekit import job_config
+from runtimekit import busy, job_config
 
 from runtime import actors, placement, supervisor
 from runtime.dp_engine import rank_batches
@@ -21,21 +20,6 @@ PARAMS = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=24, stop_toke
 def _requests(count: int) -> list[GenerationRequest]:
     return [GenerationRequest(prompt_ids=(1 + i % 7, 2, 3, 4 + i % 5), seed=1000 + i)
             for i in range(count)]
-
-
-def _busy(rank_host, within: float = 60.0) -> bool:
-    """Whether the rank's host is seen in the middle of a call: an actor runs one call at a
-    time, so a ping that does not come back within 1 s waits behind its generate. (A fixed
-    sleep before the kill raced on a loaded machine: the rank had finished its share.)"""
-    import ray
-
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            ray.get(rank_host.ping.remote(), timeout=1.0)
-        except ray.exceptions.GetTimeoutError:
-            return True
-    return False
 
 
 def test_every_rank_gets_requests_when_any_has_some():
@@ -111,7 +95,7 @@ def test_a_dead_rank_restarts_the_whole_engine_and_its_requests_are_retried(grou
     engines = supervisor.supervise(rollout, config, group, cpu_threads=1, log=lines.append)
     engines.restore_weights = lambda fresh: train.push_weights(fresh, 1, 1 << 20)
     train.push_weights(engines, 1, 1 << 20)
-    requests = _requests(2000)  # each rank busy for seconds: the kill finds it generating
+    requests = _requests(8000)  # each rank busy for seconds: the kill finds it generating
     expected = engines.generate(requests, PARAMS)
 
     old_host = engines.workers[0]
@@ -119,7 +103,7 @@ def test_a_dead_rank_restarts_the_whole_engine_and_its_requests_are_retried(grou
     result: dict = {}
     worker = threading.Thread(target=lambda: result.update(out=engines.generate(requests, PARAMS)))
     worker.start()
-    assert _busy(old_ranks[1]), "rank 1 was never seen generating: make the generation longer"
+    assert busy(old_ranks[1]), "rank 1 was never seen generating: make the generation longer"
     assert worker.is_alive()
     ray.kill(old_ranks[1], no_restart=True)
     worker.join(timeout=120)

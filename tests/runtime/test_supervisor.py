@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from runtimekit import job_config
+from runtimekit import busy, job_config
 
 from runtime import actors, placement, supervisor
 from runtime.interfaces import GenerationRequest, SamplingParams
@@ -48,7 +48,7 @@ def test_an_engine_killed_mid_generation_is_replaced_and_its_requests_retried(gr
     config, group, train, rollout = groups
     lines: list[str] = []
     engines = _supervised(config, group, train, rollout, lines)
-    requests = _requests(600)
+    requests = _requests(6000)  # each engine busy for about a second (0.25 s for 600 here)
     expected = engines.generate(requests, PARAMS)  # undisturbed: the reference samples
 
     victim = engines.workers[0]
@@ -56,8 +56,8 @@ def test_an_engine_killed_mid_generation_is_replaced_and_its_requests_retried(gr
     worker = threading.Thread(target=lambda: result.update(out=engines.generate(requests, PARAMS)))
     started = time.monotonic()
     worker.start()
-    time.sleep(0.5)  # the generation above took longer than this
-    assert worker.is_alive(), "the generation finished before the kill: make it longer"
+    assert busy(victim), "engine 0 was never seen generating: make the generation longer"
+    assert worker.is_alive()
     ray.kill(victim, no_restart=True)
     worker.join(timeout=120)
     assert not worker.is_alive()
@@ -104,9 +104,11 @@ def test_a_hung_engine_is_found_by_the_ping_deadline(groups):
     lines: list[str] = []
     engines = _supervised(config, group, train, rollout, lines, health_timeout_s=1.0)
     # an engine busy with a long call cannot answer: to the supervisor it hangs
-    busy = engines.workers[0].generate.remote(_requests(600), PARAMS)
+    # (6000 requests: seconds of work, longer than the 1 s deadline)
+    generating = engines.workers[0].generate.remote(_requests(6000), PARAMS)
+    assert busy(engines.workers[0], ping_s=0.1)
     replaced = engines.check_health()
     assert replaced == [0] and engines.restarts == [1, 0]
     assert "no answer to a health check in 1 s" in lines[-1]
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(busy)  # the hung engine was killed
+        ray.get(generating)  # the hung engine was killed
