@@ -324,13 +324,11 @@ def _path(value: str | None, base: Path, must_exist: bool = False) -> Path | Non
     return found
 
 
-def compile_job(spec_path: Path, sets=()) -> dict[str, str]:
-    """A spec compiled in this process into the files `vime submit` puts in a job folder
-    (vime/launch/submit.py: plan.json, resolved.toml, the argument files), for runs and tests
-    that do not go through `vime submit` (runtime/spmd.py). A spec with errors raises
-    ValueError listing them."""
+def compiled(spec_path: Path, sets=()):
+    """A spec compiled in this process: the pipeline's result, the spec's text and its plan
+    object (plan.json). A spec with errors raises ValueError listing them."""
     from vime import pipeline
-    from vime.emit import build, plan_json
+    from vime.emit import plan_json
     from vime.parse import Source
 
     spec_path = Path(spec_path)
@@ -340,6 +338,17 @@ def compile_job(spec_path: Path, sets=()) -> dict[str, str]:
         raise ValueError("the spec has errors:\n  " + "\n  ".join(
             f"{d.code}: {d.message}" for d in result.diagnostics if d.severity == "error"))
     obj = plan_json.plan_object(str(spec_path), result.diagnostics, result.spec, result.plan)
+    return result, text, obj
+
+
+def compile_job(spec_path: Path, sets=()) -> dict[str, str]:
+    """A spec compiled in this process into the files `vime submit` puts in a job folder
+    (vime/launch/submit.py: plan.json, resolved.toml, the argument files), for runs and tests
+    that do not go through `vime submit` (runtime/spmd.py). A spec with errors raises
+    ValueError listing them."""
+    from vime.emit import build
+
+    result, text, obj = compiled(spec_path, sets)
     return build.files(result.plan, str(spec_path), text, obj, "<job folder>")
 
 

@@ -43,35 +43,34 @@ def job_files(spec: Path, sets: list[str]) -> tuple[dict[str, str], Path]:
     """The job folder's files as `vime submit` writes them (paths made absolute), and a new job
     folder in the spec's experiment folder: its checkpoints are the experiment's, as with
     `vime submit` (a second run of the same experiment resumes from them)."""
-    from vime import pipeline
-    from vime.emit import plan_json
+    from runtime.slices import compiled
     from vime.launch.submit import prepare
-    from vime.parse import Source
 
-    text = spec.read_text()
-    result = pipeline.run(Source(str(spec), text), list(sets), spec.parent)
-    if not result.ok:
-        raise SystemExit("the spec has errors:\n  " + "\n  ".join(
-            f"{d.code}: {d.message}" for d in result.diagnostics if d.severity == "error"))
-    obj = plan_json.plan_object(str(spec), result.diagnostics, result.spec, result.plan)
+    try:
+        result, text, obj = compiled(spec, sets)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     prepared = prepare(result, str(spec), text, obj, "local")
     job_dir = prepared.experiment_dir / time.strftime("live-%Y%m%d-%H%M%S")
     job_dir.mkdir(parents=True)
     return prepared.files, job_dir
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """What the GPU scripts that run a spec on a local Ray take (this one, weight_sync_bench.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("spec")
     parser.add_argument("--set", dest="sets", action="append", default=[])
     parser.add_argument("--out")
     parser.add_argument("--logical-gpus", type=int,
                         help="Ray's GPU count on a machine without GPUs (a CPU try of the script)")
-    args = parser.parse_args()
+    return parser
 
+
+def start(args) -> tuple[dict[str, str], Path]:
+    """The job folder written and a Ray started in this process (no dashboard: the GPU machine
+    has Ray's core only); returns the job's files and folder."""
     import ray
-
-    from runtime import driver
 
     files, job_dir = job_files(Path(args.spec), args.sets)
     for name, text in files.items():
@@ -79,6 +78,17 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=True,
              **({"num_gpus": args.logical_gpus} if args.logical_gpus else {}))
+    return files, job_dir
+
+
+def main() -> None:
+    args = arguments().parse_args()
+
+    import ray
+
+    from runtime import driver
+
+    files, job_dir = start(args)
     started = time.perf_counter()
     try:
         driver.run(json.loads(files["plan.json"]), files["resolved.toml"], job_dir, resume=False)

@@ -11,9 +11,7 @@ generation checks that the engine still answers. The spec must be colocated on o
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,31 +21,22 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("spec")
-    parser.add_argument("--set", dest="sets", action="append", default=[])
+    from live_grpo import arguments, start
+
+    parser = arguments()
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out")
-    parser.add_argument("--logical-gpus", type=int,
-                        help="Ray's GPU count on a machine without GPUs (a CPU try of the script)")
     args = parser.parse_args()
 
     import ray
-    from live_grpo import job_files
 
     from runtime import actors, placement
     from runtime.driver import cpu_threads_per_actor
     from runtime.interfaces import GenerationRequest, SamplingParams
     from runtime.slices import JobConfig
 
-    files, job_dir = job_files(Path(args.spec), args.sets)
-    for name, text in files.items():
-        (job_dir / name).write_text(text)
+    files, job_dir = start(args)
     plan = json.loads(files["plan.json"])
     config = JobConfig.from_job(plan, files["resolved.toml"], job_dir)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=True,
-             **({"num_gpus": args.logical_gpus} if args.logical_gpus else {}))
     group = placement.create(plan)
     started = time.perf_counter()
     train, rollout = actors.ray_groups(config, group, cpu_threads_per_actor(config))
