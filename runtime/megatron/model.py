@@ -134,8 +134,8 @@ def transformer_config(arch: Arch, recompute: str = "none", **overrides):
         moe = dict(num_moe_experts=arch.num_experts, moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
                    moe_router_topk=arch.topk, moe_layer_freq=[int(m) for m in arch.moe_layers],
                    moe_router_pre_softmax=not arch.norm_topk_prob,
-                   moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none",
-                   moe_aux_loss_coeff=0.0, moe_router_dtype="fp32")
+                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+                   moe_router_dtype="fp32")
     kwargs = dict(
         num_layers=arch.num_layers, hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_kv_heads,
@@ -144,7 +144,12 @@ def transformer_config(arch: Arch, recompute: str = "none", **overrides):
         activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False, qk_layernorm=True,
         hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16, attention_softmax_in_fp32=True,
-        variable_seq_lengths=True, **moe, **recompute_args)
+        # alltoall for dense models too: TransformerConfig refuses its default (allgather)
+        # with variable_seq_lengths whether or not there are experts (issue 16: a dense
+        # Qwen3 failed at init with "Token dispatcher type: allgather does not support
+        # variable sequence length"); a dense model builds no dispatcher
+        variable_seq_lengths=True, moe_token_dispatcher_type="alltoall", **moe,
+        **recompute_args)
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 

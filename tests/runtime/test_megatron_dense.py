@@ -1,0 +1,86 @@
+"""A dense Qwen3 (no experts, tied embeddings, as Qwen3-4B) built through the Megatron
+backend's own path, runtime/megatron/model.py, on the CPU in one gloo process.
+
+Issue 16: the backend sets variable_seq_lengths (its micro-batches have their own lengths)
+and left the token dispatcher at megatron-core's default, allgather, for dense models, so
+TransformerConfig refused the config at init on the GPU ("Token dispatcher type: allgather
+does not support variable sequence length, please use alltoall dispatcher instead."),
+although a dense model has no dispatcher at all.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+import torch  # noqa: E402
+
+from vime.resolve.model import arch_from_config  # noqa: E402
+
+DENSE = {
+    "model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+    "intermediate_size": 96, "tie_word_embeddings": True, "max_position_embeddings": 256,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def parallel_state():
+    from megatron.core import parallel_state
+
+    warnings.simplefilter("ignore")
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
+        torch.distributed.init_process_group("gloo", world_size=1, rank=0)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    return parallel_state
+
+
+def test_dense_config_is_accepted_with_the_backends_arguments():
+    from runtime.megatron.model import transformer_config
+
+    arch = arch_from_config(DENSE)
+    assert not arch.is_moe
+    # the arguments runtime/backends/megatron_train.py passes, for a dense model
+    config = transformer_config(arch, "none", tensor_model_parallel_size=1,
+                                context_parallel_size=1, expert_model_parallel_size=1,
+                                expert_tensor_parallel_size=1, sequence_parallel=False,
+                                calculate_per_token_loss=True,
+                                moe_enable_routing_replay=False)
+    assert config.variable_seq_lengths and config.num_moe_experts is None
+
+
+def test_dense_model_builds_and_runs_forward_on_cpu(parallel_state, monkeypatch):
+    from runtime.megatron.mapping import megatron_to_hf
+    from runtime.megatron.model import build_gpt, transformer_config
+
+    arch = arch_from_config(DENSE)
+    config = transformer_config(arch, calculate_per_token_loss=True, use_cpu_initialization=True,
+                                bf16=False, params_dtype=torch.float32,
+                                pipeline_dtype=torch.float32)
+    gpt = build_gpt(arch, config, 64)
+    names = {k for k in gpt.state_dict() if not k.endswith("_extra_state")}
+    assert not any("experts" in n or "router" in n for n in names)
+    hf = megatron_to_hf({k: gpt.state_dict()[k] for k in names}, arch)
+    assert "lm_head.weight" not in hf and "model.embed_tokens.weight" in hf  # tied
+    tokens = torch.arange(2, 18).reshape(2, 8)
+    position_ids = torch.arange(8).expand(2, 8)
+    # megatron-core's rotary embedding moves its frequencies to torch.cuda.current_device()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    with torch.no_grad():
+        logits = gpt(tokens, position_ids, attention_mask=None)
+    assert logits.shape == (2, 8, arch.vocab_size) and torch.isfinite(logits).all()
