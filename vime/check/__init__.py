@@ -7,6 +7,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     layout,
     memory,
     moe,
+    rewards,
     rollout,
     runtime,
 )

@@ -1,0 +1,70 @@
+"""rollout.reward at compile time (V906, V907) and the one list of built-in names."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from specsupport import ROOT, run_spec
+
+from runtime import rewards as runtime_rewards
+from vime.rewards import BUILTIN_REWARDS
+
+SPEC = ROOT / "specs" / "qwen3_30b.toml"
+
+
+def test_the_compilers_builtin_names_are_the_runtimes():
+    assert sorted(BUILTIN_REWARDS) == sorted(runtime_rewards.BUILTIN)
+
+
+def _reward(value: str, *sets: str):
+    result = run_spec(SPEC, [f"rollout.reward={value!r}".replace("'", '"'), *sets])
+    return [d for d in result.diagnostics if d.code in ("V906", "V907")]
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_REWARDS))
+def test_builtin_names_are_clean(name):
+    assert _reward(name) == []
+
+
+def test_a_misspelt_builtin_gets_the_closest_name():
+    (diag,) = _reward("deepscalr")
+    assert diag.code == "V906" and diag.severity == "error"
+    assert 'rollout.reward = "deepscaler"' in diag.help and diag.location.line >= 1
+
+
+def test_a_dotted_path_without_colon_is_told_the_colon_form():
+    (diag,) = _reward("my_rewards.score")
+    assert diag.code == "V906" and '"my_rewards:score"' in diag.help
+
+
+def test_a_module_not_found_here_is_a_warning_and_the_plan_is_made():
+    result = run_spec(SPEC, ['rollout.reward="no_such_vime_pkg.sub:score"'])
+    (diag,) = [d for d in result.diagnostics if d.code == "V907"]
+    assert diag.severity == "warning" and "no_such_vime_pkg" in diag.message
+    assert result.ok and result.plan is not None
+
+
+def test_the_module_is_found_without_running_it(tmp_path, monkeypatch):
+    package = tmp_path / "myrewards"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('imported at plan time')\n")
+    (package / "scores.py").write_text(
+        "import torch\ntry:\n    def exact(**kw):\n        return 1.0\nexcept Exception:\n"
+        "    pass\nfuzzy = exact\n")
+    (package / "star.py").write_text("from elsewhere import *\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _reward("myrewards.scores:exact") == []
+    assert _reward("myrewards.scores:fuzzy") == []
+    assert _reward("myrewards.star:anything") == []  # `import *`: cannot tell, no warning
+    (diag,) = _reward("myrewards.scores:exactt")
+    assert diag.code == "V907" and "defines no 'exactt'" in diag.message
+    (diag,) = _reward("myrewards.nothere:exact")
+    assert "no module 'myrewards.nothere'" in diag.message
+    assert "myrewards" not in sys.modules
+
+
+def test_pythonpath_of_cluster_env_is_searched(tmp_path):
+    (tmp_path / "cluster_only.py").write_text("def score(**kw):\n    return 0.0\n")
+    assert _reward("cluster_only:score", f'cluster.env.PYTHONPATH="{tmp_path}"') == []
+    assert [d.code for d in _reward("cluster_only:score")] == ["V907"]
