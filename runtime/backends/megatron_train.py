@@ -35,6 +35,7 @@ are Megatron's.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,6 +82,12 @@ def _offload_options(opt) -> dict:
     return dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
                 use_precision_aware_optimizer=True, decoupled_weight_decay=True,
                 overlap_cpu_optimizer_d2h_h2d=opt.overlap_cpu_optimizer_d2h_h2d)
+
+
+def _copy_in(storage: torch.UntypedStorage, host: torch.Tensor, device: torch.device) -> None:
+    """A freed device storage back to its size, filled from its host copy."""
+    storage.resize_(host.numel())
+    torch.empty(0, dtype=torch.uint8, device=device).set_(storage).copy_(host)
 
 
 class MegatronTrainingBackend(TorchTrainingBackend):
@@ -139,7 +146,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         self.temperature = slice.temperature if slice.temperature > 0 else 1.0
         self.top_p = sampling_top_p(slice)
         self.offloaded = False
-        self._host: dict | None = None
+        self._host: list | None = None  # (storage, host copy, holds parameters) while offloaded
         # replayed routes the actor's own routers also pick, counted in the actor log-prob
         # pass (the weights the engine generated with) and reported with the next step
         self._route_counts = torch.zeros(2, dtype=torch.int64, device=self.device)
@@ -415,7 +422,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         """Full tensors gathered from every rank (a collective: all ranks iterate), under HF
         names, on rank 0 (every_rank: on every rank); host copies, or with on_device the
         gathered tensors themselves (each bucket is gathered into a buffer of its own)."""
-        with self._readable():
+        with self._weights_readable():
             for bucket in shards.gather(self.gpt, bucket_bytes):
                 if self.slice.rank != 0 and not every_rank:
                     continue
@@ -429,8 +436,9 @@ class MegatronTrainingBackend(TorchTrainingBackend):
 
     def _storages(self) -> list[torch.UntypedStorage]:
         """Every device storage of the actor: the DDP parameter and gradient buffers, and the
-        optimizer's fp32 main parameters and Adam moments (each storage once)."""
-        tensors = [p.data for p in self.model.parameters()]
+        optimizer's fp32 main parameters and Adam moments (each storage once), the parameters'
+        first."""
+        tensors = self._parameter_tensors()
         tensors += [p.main_grad for p in self.model.parameters() if hasattr(p, "main_grad")]
         for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             inner = optimizer.optimizer
@@ -446,15 +454,20 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                 out.append(storage)
         return out
 
+    def _parameter_tensors(self) -> list[torch.Tensor]:
+        return [p.data for p in self.model.parameters()]
+
     def offload(self) -> None:
         """Copy every device storage to host memory and free it; tensors keep their views
-        (what torch_memory_saver does for slime's colocated Megatron)."""
+        (what torch_memory_saver does for slime's colocated Megatron). Each host copy is kept
+        with whether it holds parameters (what an export needs back)."""
         if self.offloaded:
             return
+        weights = {t.untyped_storage().data_ptr() for t in self._parameter_tensors()}
         self._host = []
         for storage in self._storages():
             view = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
-            self._host.append((storage, view.to("cpu", copy=True)))
+            self._host.append((storage, view.to("cpu", copy=True), storage.data_ptr() in weights))
             storage.resize_(0)
         torch.cuda.empty_cache()
         self.offloaded = True
@@ -462,10 +475,28 @@ class MegatronTrainingBackend(TorchTrainingBackend):
     def onload(self) -> None:
         if not self.offloaded:
             return
-        for storage, host in self._host:
-            storage.resize_(host.numel())
-            torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage).copy_(host)
+        for storage, host, _weights in self._host:
+            _copy_in(storage, host, self.device)
         self._host, self.offloaded = None, False
+
+    @contextlib.contextmanager
+    def _weights_readable(self):
+        """The parameters readable while the actor is offloaded, for an export: only their
+        storages come back (the bf16 weights, not the fp32 gradients and Adam's state, ~9x
+        as much), and they are freed afterwards without a copy back (an export does not change
+        them, so the host copy stays right)."""
+        if not self.offloaded:
+            yield
+            return
+        back = [(storage, host) for storage, host, weights in self._host if weights]
+        for storage, host in back:
+            _copy_in(storage, host, self.device)
+        try:
+            yield
+        finally:
+            for storage, _host in back:
+                storage.resize_(0)
+            torch.cuda.empty_cache()
 
     def resident_bytes(self) -> int:
         return 0 if self.offloaded else sum(s.nbytes() for s in self._storages())

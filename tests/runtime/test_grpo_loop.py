@@ -128,6 +128,9 @@ def test_an_engine_that_keeps_stale_weights_shows_in_the_logprob_gap(tmp_path):
     # the same weights on both sides: the torch pair's log-probs agree to rounding
     _, config = _run(tmp_path / "fresh", "fresh", rollout__num_rollout="3")
     assert all(r["rollout/logprob_abs_diff"] < 1e-4 for r in metrics(config.job_dir))
+    # the sync's time split: the export's part is there and inside the sync's
+    assert all(0 < r["weight_sync/export_s"] <= r["time/weight_sync"]
+               for r in metrics(config.job_dir))
     # an engine whose updates report success but keep the old tensors (seen on vLLM's CPU
     # kernels): the version advances, the sampled tensors might even match, the gap does not
     _, _, config = job_config(tmp_path / "stale", "stale", rollout__num_rollout="3")
