@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -23,6 +24,10 @@ def _case(code: str, side: str, tmp_path: Path, make_checkpoint):
         assert edit[0] in text, f"{code}: {side}_edit does not match {base.name}"
         text = text.replace(edit[0], edit[1])
     tmp = make_checkpoint(fixture["config_json"]) if "config_json" in fixture else tmp_path
+    patch = fixture.get(f"{side}_config_patch")
+    if patch:  # the preset's config.json with these keys changed (another architecture)
+        config = json.loads((tmp / "config.json").read_text())
+        (tmp / "config.json").write_text(json.dumps({**config, **patch}))
     for name, content in fixture.get("files", {}).items():
         (tmp / name).write_text(content)
     sets = [s.replace("{tmp}", str(tmp)) for s in fixture.get(side, [])]

@@ -106,11 +106,16 @@ def cmd_plan(args) -> int:
 
     source, result = _load(args)
     if args.json:
-        obj = plan_json.plan_object(source.name, result.diagnostics, result.spec, result.plan)
+        obj = plan_json.plan_object(source.name, result.diagnostics, result.spec,
+                                    result.plan or result.sketch)
+        if result.sketch is not None:
+            obj["planning_only"] = True
         sys.stdout.write(plan_json.dumps(obj))
         return EXIT_OK if result.ok else EXIT_SPEC
-    if result.plan is not None:
-        sys.stdout.write(render.plan_text(result.plan))
+    if result.plan is not None or result.sketch is not None:
+        if result.sketch is not None:
+            sys.stdout.write(render.PLANNING_ONLY)
+        sys.stdout.write(render.plan_text(result.plan or result.sketch))
         if result.diagnostics:
             sys.stdout.write("\n")
     _print_diagnostics(result, args.format)

@@ -21,11 +21,27 @@ class Result:
     source: Source
     diagnostics: list[Diagnostic] = field(default_factory=list)
     spec: Spec | None = None
-    plan: Plan | None = None
+    plan: Plan | None = None  # None whenever there is an error
+    # the plan of a spec whose only errors are that vime's runtime cannot run its model
+    # (PLANNING_ONLY): `vime plan` shows it, marked as planning only; nothing compiles it
+    sketch: Plan | None = None
 
     @property
     def ok(self) -> bool:
         return not has_errors(self.diagnostics)
+
+
+# Errors that leave the plan meaningful: the layout, groups and memory of an architecture the
+# runtime does not run (V102) are still right for megatron-core and vLLM themselves.
+PLANNING_ONLY = frozenset({"V102"})
+
+
+def _planning_only(diagnostics: list[Diagnostic]) -> bool:
+    """Only planning-only errors, and memory errors (V8xx) beside them: the memory model is
+    Qwen3's, so an architecture the runtime cannot run has no memory verdict to trust."""
+    errors = {d.code for d in diagnostics if d.severity == "error"}
+    return bool(errors & PLANNING_ONLY) and all(
+        code in PLANNING_ONLY or code.startswith("V8") for code in errors)
 
 
 def run_file(name: str, data: bytes, sets: list[str] = (), spec_dir: FsPath | None = None,
@@ -69,6 +85,8 @@ def run(source: Source, sets: list[str] = (), spec_dir: FsPath | None = None,
         diagnostics += check.run(spec, positions)
         if not has_errors(diagnostics) and spec.arch is not None:
             result.plan = plan(spec)
+        elif spec.arch is not None and _planning_only(diagnostics):
+            result.sketch = plan(spec)
     result.diagnostics = finalize(diagnostics, strict)
     if not result.ok:
         result.plan = None

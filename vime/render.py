@@ -76,6 +76,11 @@ def _cluster_picture(plan: Plan) -> list[str]:
     return out
 
 
+PLANNING_ONLY = ("PLANNING ONLY: vime's runtime cannot run this model (V102 below); the layout, "
+                 "groups and memory\nare shown for study, and `vime compile` and `vime submit` "
+                 "refuse the spec.\n\n")
+
+
 def plan_text(plan: Plan) -> str:
     spec, layout, batch = plan.spec, plan.layout, plan.batch
     arch, d = spec.arch, spec.derived

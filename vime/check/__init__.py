@@ -6,6 +6,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     cluster,
     layout,
     memory,
+    model,
     moe,
     rewards,
     rollout,

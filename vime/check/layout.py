@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from vime import schema
+from vime.check.model import unsupported_features
 from vime.check.registry import Finding, rule
 from vime.resolve.spec import Spec
 
@@ -29,7 +30,9 @@ def model_architecture(spec: Spec):
     Megatron would fail in its checkpoint loader or on the first mismatched tensor.
     Fix: set model.preset, or point model.hf_checkpoint at a folder with config.json, or
     correct the config.json key named in the message."""
-    if spec.arch is None and spec.arch_problem is not None:
+    # a config.json of another architecture (a multimodal model without the text keys at
+    # its top level) is V102's to report: its keys are missing because it is not a Qwen3
+    if spec.arch is None and spec.arch_problem is not None and not unsupported_features(spec):
         key, problem = spec.arch_problem
         yield Finding(key, problem,
                       help='set model.preset = "qwen3-30b-a3b" (or another preset) to plan '

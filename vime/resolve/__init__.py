@@ -17,7 +17,7 @@ from vime.diagnostics import dotted
 from vime.overrides import Positions
 from vime.parse import Path
 from vime.resolve.model import PRESETS, Arch, ArchError, arch_from_config
-from vime.resolve.spec import SECTIONS, Derived, Origin, SavedLayout, Spec
+from vime.resolve.spec import SECTIONS, Derived, ModelConfig, Origin, SavedLayout, Spec
 
 # Memory per card in GiB. H100/H800 (81559 MiB) and H200 (143771 MiB, read on an H200 on
 # 2026-11-29) are what the driver reports; the others are the nominal sizes until measured.
@@ -57,6 +57,7 @@ class ArchResolution:
     origin: Origin | None
     problem: str | None  # why no architecture could be read, or why config.json is bad
     problem_key: str = "model.hf_checkpoint"
+    config: dict | None = None  # config.json or the preset as read, before [model.arch]
 
 
 def _with_defaults(raw: dict, positions: Positions) -> tuple[dict, dict[str, Origin]]:
@@ -109,8 +110,8 @@ def read_arch(model: dict, spec_dir: FsPath) -> ArchResolution:
         arch = arch_from_config({**config, **overrides})
     except ArchError as err:
         where = "model.arch" if err.key in overrides or origin.kind == "arch" else "model.hf_checkpoint"
-        return ArchResolution(None, origin, f"{origin.describe()}: {err}", where)
-    return ArchResolution(arch, origin, None)
+        return ArchResolution(None, origin, f"{origin.describe()}: {err}", where, config)
+    return ArchResolution(arch, origin, None, config=config)
 
 
 def _local_path(value: str, spec_dir: FsPath) -> FsPath:
@@ -216,7 +217,10 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath) -> Spec:
     invocation = (positions.spans.source.name,
                   *(arg for o in sorted(positions.overrides.values(), key=lambda o: o.index)
                     for arg in ("--set", o.argument)))
+    model_config = (ModelConfig(resolution.config, resolution.origin)
+                    if resolution.config is not None else None)
     return Spec(**sections, arch=resolution.arch, derived=derived, arch_problem=problem,
+                model_config=model_config,
                 torch_dist_layout=saved_layout, invocation=invocation, origins=origins)
 
 

@@ -216,6 +216,15 @@ class SavedLayout:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """The model's config.json (or preset) as read, before [model.arch] is applied: what the
+    support matrix (V102) and the contradiction rule (V103) read. vLLM serves this file."""
+
+    values: dict
+    origin: Origin  # config.json (its path), a preset, or [model.arch] alone (values empty)
+
+
+@dataclass(frozen=True)
 class Spec:
     experiment: Experiment
     cluster: Cluster
@@ -233,6 +242,8 @@ class Spec:
     arch_problem: tuple[str, str] | None = None
     # None when no torch_dist checkpoint is set or its folder is not on this machine
     torch_dist_layout: SavedLayout | None = None
+    # None when neither config.json nor a preset was read
+    model_config: ModelConfig | None = field(default=None, compare=False)
     # the spec file and its --set arguments as given, for help lines that print a command
     invocation: tuple[str, ...] = field(default=(), compare=False)
     origins: dict[str, Origin] = field(default_factory=dict, compare=False)

@@ -1,0 +1,147 @@
+"""The support matrix (V102) and [model.arch] against config.json (V103), on config.json
+files written after the Hugging Face hub's (tests/fixtures/configs/)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from specsupport import ROOT, codes, run_spec
+
+from vime.cli import main
+
+CONFIGS = ROOT / "tests" / "fixtures" / "configs"
+SPEC = ROOT / "specs" / "qwen3_30b.toml"
+
+
+def _checkpoint(tmp_path, name: str, **patch):
+    folder = tmp_path / name
+    folder.mkdir()
+    config = {**json.loads((CONFIGS / f"{name}.json").read_text()), **patch}
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                    if v is not None or k not in patch}))
+    return folder
+
+
+# a dense model has no experts to split, replay or serve with expert parallelism
+DENSE = ("train.parallel.ep=1", "train.routing_replay=false", "inference.expert_parallel=false")
+
+
+def _plan(folder, *sets):
+    dense = "experts" not in (folder / "config.json").read_text()
+    return run_spec(SPEC, [f'model.hf_checkpoint="{folder}"', *(DENSE if dense else ()), *sets])
+
+
+@pytest.mark.parametrize("name", ["qwen3_30b_a3b", "qwen3_4b"])
+def test_published_qwen3_configs_plan_clean(tmp_path, name):
+    result = _plan(_checkpoint(tmp_path, name))
+    assert result.ok and result.plan is not None, [(d.code, d.message) for d in result.diagnostics]
+    assert not codes(result) & {"V101", "V102", "V103"}
+
+
+def test_transformers_v5_layout_of_a_qwen3_config_is_clean(tmp_path):
+    folder = _checkpoint(tmp_path, "qwen3_30b_a3b", rope_theta=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                         layer_types=["full_attention"] * 48)
+    result = _plan(folder, "model.arch.rope_theta=1000000.0")
+    assert not codes(result) & {"V102", "V103"}, [d.message for d in result.diagnostics]
+
+
+@pytest.mark.parametrize("name, says", [
+    ("qwen2_5_vl_7b", ["qwen2_5_vl architecture", "vision encoder", "scaled rotary"]),
+    ("qwen3_next_80b_a3b", ["qwen3_next architecture", "linear-attention", "shared expert",
+                            "part of each head"]),
+    ("qwen2_5_7b", ["qwen2 architecture"]),
+])
+def test_other_architectures_are_refused_saying_what_runs(tmp_path, name, says):
+    # 28 heads for the Qwen2.5 models: engines of 4 GPUs
+    result = _plan(_checkpoint(tmp_path, name), "inference.gpus_per_engine=4")
+    (diag,) = [d for d in result.diagnostics if d.code == "V102"]
+    assert diag.severity == "error" and diag.key == "model.hf_checkpoint"
+    for words in says:
+        assert words in diag.message
+    assert "Qwen3MoeForCausalLM" in diag.help and "V101" not in codes(result)
+    assert not result.ok and result.plan is None
+    assert result.sketch is not None  # planning only: the layout is still shown
+
+
+@pytest.mark.parametrize("patch, key", [
+    ({"attention_bias": True}, "attention_bias"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"layer_types": ["full_attention", "sliding_attention"] * 24}, "layer_types"),
+])
+def test_features_the_backend_does_not_build(tmp_path, patch, key):
+    result = _plan(_checkpoint(tmp_path, "qwen3_30b_a3b", **patch))
+    (diag,) = [d for d in result.diagnostics if d.code == "V102"]
+    assert f"({key}" in diag.message
+
+
+def test_an_arch_override_is_pointed_at(tmp_path):
+    result = _plan(_checkpoint(tmp_path, "qwen3_30b_a3b"), 'model.arch.model_type="qwen3"')
+    (diag,) = [d for d in result.diagnostics if d.code == "V102"]
+    assert diag.key == "model.arch.model_type" and "128 experts in a dense qwen3" in diag.message
+
+
+def test_plan_shows_the_layout_marked_planning_only_and_compile_refuses(tmp_path, capsys):
+    folder = _checkpoint(tmp_path, "qwen3_next_80b_a3b")
+    args = [str(SPEC), "--set", f'model.hf_checkpoint="{folder}"', "--set",
+            "train.max_tokens_per_gpu=8192"]
+    assert main(["plan", *args]) == 1
+    out = capsys.readouterr()
+    assert out.out.startswith("PLANNING ONLY") and "GPUs" in out.out and "V102" in out.err
+    assert main(["plan", "--json", *args]) == 1
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["planning_only"] is True and plan["ok"] is False and "train" in plan
+    assert main(["compile", *args, "-o", str(tmp_path / "build")]) == 1
+    assert not (tmp_path / "build").exists()
+
+
+def test_other_errors_give_no_planning_only_plan(tmp_path):
+    result = _plan(_checkpoint(tmp_path, "qwen3_next_80b_a3b"), "train.parallel.tp=3")
+    assert "V102" in codes(result) and result.sketch is None
+
+
+@pytest.mark.parametrize("key, written, published", [
+    ("rope_theta", "10000.0", "1000000.0"),
+    ("tie_word_embeddings", "true", "False"),
+    ("num_experts_per_tok", "4", "8"),
+])
+def test_arch_contradicting_config_json_names_both_values(tmp_path, key, written, published):
+    folder = _checkpoint(tmp_path, "qwen3_30b_a3b")
+    result = _plan(folder, f"model.arch.{key}={written}")
+    (diag,) = [d for d in result.diagnostics if d.code == "V103"]
+    assert diag.key == f"model.arch.{key}" and diag.location.file.startswith("--set")
+    assert published in diag.message and str(folder / "config.json") in diag.message
+
+
+def test_arch_equal_to_config_json_or_overridable_is_clean(tmp_path):
+    folder = _checkpoint(tmp_path, "qwen3_4b")
+    result = _plan(folder, "model.arch.rope_theta=1e6", "model.arch.tie_word_embeddings=true",
+                   "model.arch.max_position_embeddings=131072")
+    assert "V103" not in codes(result)
+
+
+def test_without_config_json_the_arch_is_taken_as_written():
+    result = run_spec(SPEC, ["model.arch.rope_theta=10000.0"])  # preset, no weights here
+    assert "V103" not in codes(result)
+
+
+def test_the_seed_specs_stay_clean():
+    for spec in sorted((ROOT / "specs").glob("*.toml")):
+        assert not codes(run_spec(spec)) & {"V102", "V103"}, spec.name
+
+
+def test_tiny_h200_against_the_checkpoint_its_script_writes(tmp_path):
+    # benchmarks/gpu/tiny_moe.py saves a Qwen3MoeConfig built from the spec's [model.arch]
+    transformers = pytest.importorskip("transformers")
+    import tomllib
+
+    spec = ROOT / "specs" / "tiny_h200.toml"
+    arch = tomllib.loads(spec.read_text())["model"]["arch"]
+    transformers.Qwen3MoeConfig(**arch).save_pretrained(tmp_path)
+    shutil.copy(spec, tmp_path / "spec.toml")
+    result = run_spec(spec, [f'model.hf_checkpoint="{tmp_path}"'])
+    assert not codes(result) & {"V102", "V103"}, [d.message for d in result.diagnostics]

@@ -1,0 +1,97 @@
+"""What vime's runtime can run, as plain data (issue 16): the support matrix that V102 checks
+a model's config.json against at compile time.
+
+The Megatron backend (runtime/megatron/model.py) builds Qwen3 blocks only: RMSNorm, rotary
+embeddings without scaling over every position, full causal attention in every layer with
+q/k RMSNorm and no bias, a SwiGLU MLP, and for MoE layers softmax-top-k experts without a
+shared expert; the HF <-> Megatron mapping (runtime/megatron/mapping.py) and the weight push
+to vLLM know those tensor names alone. vLLM itself serves far more architectures, but the
+actor could not train them nor give it their weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# config.json model_type -> its transformers class (config.json "architectures")
+MODEL_TYPES: dict[str, str] = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+SUPPORTED = (
+    "Qwen3 dense (model_type \"qwen3\", Qwen3ForCausalLM) and Qwen3-MoE (\"qwen3_moe\", "
+    "Qwen3MoeForCausalLM): full attention with q/k norm and no QKV bias in every layer, "
+    "SiLU, rotary embeddings without scaling, tied or untied embeddings, MoE layers by "
+    "decoder_sparse_step and mlp_only_layers, no shared expert")
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    key: str  # the config.json key that says it
+    value: object
+    what: str  # what the runtime cannot run, in the user's words
+
+
+def _rope_type(config: dict) -> str | None:
+    for key in ("rope_scaling", "rope_parameters"):
+        table = config.get(key)
+        if isinstance(table, dict):
+            kind = table.get("rope_type", table.get("type"))
+            if kind not in (None, "default"):
+                return f"{key}.rope_type"
+    return None
+
+
+def unsupported(config: dict) -> list[Unsupported]:
+    """Every feature of a config.json (with [model.arch] applied) the runtime cannot run;
+    empty for the Qwen3 and Qwen3-MoE checkpoints."""
+    found: list[Unsupported] = []
+    model_type = config.get("model_type")
+    if model_type is not None and model_type not in MODEL_TYPES:
+        found.append(Unsupported("model_type", model_type,
+                                 f"the {model_type} architecture"))
+    architectures = config.get("architectures")
+    if isinstance(architectures, list):
+        foreign = [a for a in architectures if a not in MODEL_TYPES.values()]
+        if foreign and not found:
+            found.append(Unsupported("architectures", architectures,
+                                     f"the {', '.join(map(str, foreign))} class"))
+    for key, what in (("vision_config", "a vision encoder (a multimodal model)"),
+                      ("audio_config", "an audio encoder (a multimodal model)"),
+                      ("text_config", "a model whose language model is nested (a multimodal "
+                       "or composite config)")):
+        if isinstance(config.get(key), dict):
+            found.append(Unsupported(key, "{...}", what))
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list):
+        other = sorted({str(t) for t in layer_types} - {"full_attention"})
+        if other:
+            found.append(Unsupported("layer_types", other,
+                                     f"{', '.join(other)} layers (hybrid attention)"))
+    for key, what in (("full_attention_interval", "linear-attention layers (hybrid attention)"),
+                      ("linear_num_value_heads", "linear-attention layers (hybrid attention)")):
+        if config.get(key) and not any(u.key == "layer_types" for u in found):
+            found.append(Unsupported(key, config[key], what))
+            break
+    if config.get("use_sliding_window") is True:
+        found.append(Unsupported("use_sliding_window", True, "sliding-window attention"))
+    if config.get("attention_bias") is True:
+        found.append(Unsupported("attention_bias", True, "QKV bias"))
+    rope = _rope_type(config)
+    if rope is not None:
+        found.append(Unsupported(rope, config[rope.split(".")[0]],
+                                 "scaled rotary embeddings (YaRN, linear, dynamic, mrope)"))
+    partial = config.get("partial_rotary_factor")
+    if isinstance(partial, int | float) and not isinstance(partial, bool) and partial != 1:
+        found.append(Unsupported("partial_rotary_factor", partial,
+                                 "rotary embeddings over part of each head"))
+    act = config.get("hidden_act")
+    if act is not None and act != "silu":
+        found.append(Unsupported("hidden_act", act, f"the {act} activation (SiLU only)"))
+    shared = config.get("shared_expert_intermediate_size")
+    if isinstance(shared, int) and shared > 0:
+        found.append(Unsupported("shared_expert_intermediate_size", shared, "a shared expert"))
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    if model_type == "qwen3" and isinstance(experts, int) and experts > 0:
+        found.append(Unsupported("model_type", model_type,
+                                 f"{experts} experts in a dense qwen3 (a Qwen3-MoE is "
+                                 "model_type \"qwen3_moe\")"))
+    return found
