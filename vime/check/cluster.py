@@ -176,3 +176,60 @@ def slurm_extra_args_contradict_spec(spec: Spec):
                           help=f"remove it and set {key} instead" if key else
                           "remove it: no spec key sets it, vime writes it itself (the job's "
                           "logs, tasks and requeue signal)")
+
+
+# Variables by which the CUDA, ROCm and NVIDIA container runtimes (and Ray, which reads them
+# to count a node's GPUs) decide which devices a process sees.
+VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                   "HIP_VISIBLE_DEVICES")
+
+
+def visible_count(name: str, value: str) -> int | None:
+    """How many devices a visible-devices list leaves; None when vime cannot tell (a shell
+    expansion, NVIDIA's "all"). CUDA stops at the first invalid entry ("0,1,-1,3" shows
+    two); an empty list, "none" and "void" hide every device."""
+    text = value.strip()
+    if "$" in text or "`" in text or (name == "NVIDIA_VISIBLE_DEVICES" and text == "all"):
+        return None
+    if text in ("", "none", "void", "NoDevFiles"):
+        return 0
+    count = 0
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        count += 1
+    return count
+
+
+@rule("V707", "visible-devices-show-the-plans-gpus", enforced_by="ray")
+def visible_devices_show_the_plans_gpus(spec: Spec):
+    """[cluster.env] sets a visible-devices variable that hides GPUs the plan needs.
+
+    [cluster.env] is exported on every node before Ray starts. Ray counts a node's GPUs
+    through CUDA_VISIBLE_DEVICES (ROCR_ and HIP_VISIBLE_DEVICES on AMD), and the NVIDIA
+    container runtime shows a container only NVIDIA_VISIBLE_DEVICES; a list shorter than
+    cluster.gpus_per_node leaves Ray fewer GPUs than the plan places, so the job waits at
+    Ray start for GPUs that never appear ("waiting for N GPUs") or the placement groups of
+    the actor and the engines are never scheduled. Slurm already sets CUDA_VISIBLE_DEVICES
+    to the job's own GPUs; vime needs no help to choose them.
+    Not checked: values that use shell expansions, and the torch backends on both sides
+    (which may be meant to run on the CPU).
+    Fix: remove the variable from [cluster.env], or list as many devices as
+    cluster.gpus_per_node (and set gpus_per_node to the GPUs you mean to use)."""
+    if spec.train.backend == spec.inference.backend == "torch":
+        return
+    need = spec.cluster.gpus_per_node
+    for name in VISIBLE_DEVICES:
+        if name not in spec.cluster.env:
+            continue
+        value = str(spec.cluster.env[name])
+        count = visible_count(name, value)
+        if count is not None and count < need:
+            yield Finding(f"cluster.env.{name}",
+                          f"{name} = {value!r} shows {count} of the {need} GPUs per node the "
+                          "plan places: Ray would wait for GPUs that it cannot see",
+                          help=f"remove {name} from [cluster.env] (Slurm sets the job's GPUs), "
+                          f"or cluster.gpus_per_node = {count}" if count else
+                          f"remove {name} from [cluster.env]",
+                          related=("cluster.gpus_per_node",))
