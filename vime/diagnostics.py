@@ -31,10 +31,17 @@ class Diagnostic:
     def key(self) -> str:
         return dotted(self.path)
 
+    @property
+    def is_consequence(self) -> bool:
+        """Memory and KV-room verdicts (V8xx) follow from the layout, batch and model: they
+        are listed after the diagnostics of their inputs (issue 16)."""
+        return self.code.startswith("V8")
+
     def sort_key(self) -> tuple:
         loc = self.location
         return (
             0 if self.severity == "error" else 1,
+            1 if self.is_consequence else 0,
             loc.file if loc else "",
             loc.line if loc else 0,
             loc.col if loc else 0,

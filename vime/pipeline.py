@@ -36,6 +36,20 @@ class Result:
 PLANNING_ONLY = frozenset({"V102"})
 
 
+# Errors in the inputs of the memory model: the schema (an unknown key may be a misspelt
+# memory key), the model, the layouts, the batch, the engines and the GPU budget.
+_MEMORY_INPUTS = ("V0", "V1", "V2", "V3", "V4", "V5", "V6")
+
+
+def without_consequences_of_wrong_inputs(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """Drop the memory and KV-room verdicts (V8xx) when an input they are computed from is
+    already an error: they would be numbers of a spec that cannot run, and their fixes
+    (less memory) are not the fix (issue 16: consequences listed before their cause)."""
+    if any(d.severity == "error" and d.code.startswith(_MEMORY_INPUTS) for d in diagnostics):
+        return [d for d in diagnostics if not d.is_consequence]
+    return diagnostics
+
+
 def _planning_only(diagnostics: list[Diagnostic]) -> bool:
     """Only planning-only errors, and memory errors (V8xx) beside them: the memory model is
     Qwen3's, so an architecture the runtime cannot run has no memory verdict to trust."""
@@ -82,7 +96,8 @@ def run(source: Source, sets: list[str] = (), spec_dir: FsPath | None = None,
     if can_continue and not problems:
         spec = resolve(raw, positions, spec_dir or FsPath.cwd())
         result.spec = spec
-        diagnostics += check.run(spec, positions)
+        diagnostics = without_consequences_of_wrong_inputs(
+            [*diagnostics, *check.run(spec, positions)])
         if not has_errors(diagnostics) and spec.arch is not None:
             result.plan = plan(spec)
         elif spec.arch is not None and _planning_only(diagnostics):

@@ -39,9 +39,44 @@ def model_architecture(spec: Spec):
                       "without the weights, or add a [model.arch] table")
 
 
+def _tp_fits_model(spec: Spec, tp: int) -> bool:
+    arch = spec.arch
+    return arch is None or (arch.num_attention_heads % tp == 0
+                            and (arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0))
+
+
+def tp_fix(spec: Spec) -> int | None:
+    """The one tp that clears V201, V203 and V204 together (issue 16: tp = 3 got three
+    different suggestions, one of which fixed neither of the others): it divides the heads,
+    is a multiple or divisor of the KV heads, and whole replicas of tp × cp × pp fill the
+    actor's GPUs. The closest to the written tp; on a tie the larger (more memory room)."""
+    par = spec.train.parallel
+    gpus = spec.train.num_gpus
+    rest = par.cp * par.pp
+    if gpus <= 0 or gpus % rest:
+        return None
+    fits = [tp for tp in divisors(gpus // rest) if tp != par.tp and _tp_fits_model(spec, tp)]
+    return min(fits, key=lambda tp: (abs(math.log(tp / par.tp)), -tp)) if fits else None
+
+
+def _megatron_pp_fix(spec: Spec, fits) -> str | None:
+    """pp = 1 where vime's Megatron backend runs (it has no pipeline schedule, V905) and
+    pp = 1 clears the rule: a fix that leaves pp > 1 would meet V905 next (issue 16)."""
+    if spec.train.backend == "megatron" and spec.train.parallel.pp > 1 and fits(1):
+        return "pp = 1 (vime's Megatron backend runs no pipeline parallelism, V905)"
+    return None
+
+
 def _replica_help(spec: Spec, replica: int) -> str:
     gpn, nodes = spec.cluster.gpus_per_node, spec.cluster.nodes
     par = spec.train.parallel
+    gpus = spec.train.num_gpus
+    if not _tp_fits_model(spec, par.tp):  # tp itself is wrong (V203/V204): their one fix
+        fixed = tp_fix(spec)
+        return f"tp = {fixed}" if fixed else "make the actor's GPU count a multiple of it"
+    pp_fix = _megatron_pp_fix(spec, lambda pp: gpus % (par.tp * par.cp * pp) == 0)
+    if pp_fix:
+        return pp_fix
     options = []
     if spec.train.colocate:
         # the next node count whose GPUs hold whole replicas: a multiple of this step
@@ -54,7 +89,7 @@ def _replica_help(spec: Spec, replica: int) -> str:
         other = par.cp if axis == "tp" else par.tp
         for value in sorted(divisors(max(gpus, 1)), reverse=True):
             if value * other * par.pp <= gpus and gpus % (value * other * par.pp) == 0 and (
-                    value != getattr(par, axis)):
+                    value != getattr(par, axis)) and (axis != "tp" or _tp_fits_model(spec, value)):
                 options.append(f"{axis} = {value}")
                 break
     return ", or ".join(options) if options else "make the actor's GPU count a multiple of it"
@@ -100,11 +135,12 @@ def actor_gpus_hold_expert_grid(spec: Spec):
     if gpus > 0 and gpus % grid:
         fits = [e for e in divisors(gpus // max(par.etp * par.pp, 1) or 1)
                 if gpus % (par.etp * e * par.pp) == 0]
+        pp_fix = _megatron_pp_fix(spec, lambda pp: gpus % (par.etp * par.ep * pp) == 0)
         yield Finding(
             "train.parallel.ep",
             f"train.parallel: {gpus} actor GPUs are not a multiple of etp × ep × pp = "
             f"{par.etp} × {par.ep} × {par.pp} = {grid}",
-            help=f"ep = {max(fits)}" if fits else "lower etp or pp",
+            help=pp_fix or (f"ep = {max(fits)}" if fits else "lower etp or pp"),
             related=("train.parallel.etp", "train.parallel.pp", "train.num_gpus"))
 
 
@@ -118,9 +154,10 @@ def tp_divides_heads(spec: Spec):
     Fix: a tp that divides the number of heads."""
     heads, tp = spec.arch.num_attention_heads, spec.train.parallel.tp
     if heads % tp:
+        fixed = tp_fix(spec)
         yield Finding("train.parallel.tp",
                       f"tp = {tp} does not divide the model's {heads} attention heads",
-                      help=f"tp = {max(d for d in divisors(heads) if d < tp)}")
+                      help=f"tp = {fixed or max(d for d in divisors(heads) if d < tp)}")
 
 
 @rule("V204", "tp-vs-kv-heads", enforced_by="megatron", needs_arch=True)
@@ -137,7 +174,8 @@ def tp_vs_kv_heads(spec: Spec):
     if kv % tp and tp % kv:
         yield Finding("train.parallel.tp",
                       f"tp = {tp} is neither a multiple nor a divisor of the model's "
-                      f"{kv} KV heads", help=f"tp = {kv} or a divisor of it")
+                      f"{kv} KV heads",
+                      help=f"tp = {tp_fix(spec)}" if tp_fix(spec) else f"tp = {kv} or a divisor of it")
 
 
 @rule("V205", "pp-divides-layers", enforced_by="megatron", needs_arch=True)
@@ -153,7 +191,8 @@ def pp_divides_layers(spec: Spec):
         good = [d for d in divisors(layers) if d < pp]
         yield Finding("train.parallel.pp",
                       f"pp = {pp} does not divide the model's {layers} layers",
-                      help=f"pp = {max(good)}" if good else "pp = 1")
+                      help=_megatron_pp_fix(spec, lambda _: True)
+                      or (f"pp = {max(good)}" if good else "pp = 1"))
 
 
 @rule("V206", "sequence-parallel-needs-tp", severity="warning", enforced_by="megatron")
