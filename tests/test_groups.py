@@ -52,3 +52,26 @@ def test_16_ranks_with_cp_from_a_real_initialize_model_parallel_run():
 def test_problems_name_megatrons_errors():
     assert Layout(8, 8, 2, 1, 1, 1).problems() == ["world_size (8) is not divisible by 16"]
     assert "expert_tensor_model_pipeline_parallel size (16)" in Layout(8, 1, 1, 1, 16, 1).problems()[0]
+
+
+def test_the_flat_groups_and_coordinate_columns_equal_the_enumeration():
+    # Layout.groups/members and columns build whole lists in C (a plan of 262,144 ranks, issue
+    # 17); orthogonal_groups and coordinates are the per-rank reference
+    from itertools import product
+
+    for tp, cp, pp, dp, ep, etp in product((1, 2, 3), (1, 2), (1, 2, 3), (1, 2, 4), (1, 2, 4),
+                                            (1, 3)):
+        layout = Layout(tp * cp * pp * dp, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp)
+        if layout.problems():
+            continue
+        dense = [tp, cp, layout.dp, pp]
+        expert = [etp, ep, layout.edp, pp]
+        expected = {name: orthogonal_groups(sizes, [i == axis for i in range(4)])
+                    for name, sizes, axis in (("tp", dense, 0), ("cp", dense, 1),
+                                              ("dp", dense, 2), ("pp", dense, 3),
+                                              ("ep", expert, 1), ("etp", expert, 0),
+                                              ("edp", expert, 2))}
+        assert layout.groups() == expected, layout
+        columns = layout.columns()
+        assert [{k: columns[k][r] for k in columns} for r in range(layout.world_size)] == [
+            layout.coordinates(r) for r in range(layout.world_size)]

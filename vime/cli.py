@@ -110,7 +110,7 @@ def cmd_plan(args) -> int:
                                     result.plan or result.sketch)
         if result.sketch is not None:
             obj["planning_only"] = True
-        sys.stdout.write(plan_json.dumps(obj))
+        plan_json.write(obj, sys.stdout)
         return EXIT_OK if result.ok else EXIT_SPEC
     if result.plan is not None or result.sketch is not None:
         if result.sketch is not None:

@@ -3,6 +3,8 @@ JSON lives in vime.emit.plan_json; all three read the same Diagnostic model."""
 
 from __future__ import annotations
 
+from itertools import chain, repeat
+
 from vime.diagnostics import Diagnostic
 from vime.plan import Plan
 from vime.plan.memory import RAY_OBJECT_STORE_FRACTION, torch_memory, uses_torch_backend
@@ -42,38 +44,70 @@ def summary(diagnostics: list[Diagnostic]) -> str:
 
 # -- plan as text ------------------------------------------------------------------------
 
-def _groups_line(name: str, groups: list[list[int]], limit: int = 6) -> str:
-    shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:limit])
-    more = f" … {len(groups) - limit} more" if len(groups) > limit else ""
-    text = f"  {name:<4} {len(groups):>3} × {len(groups[0])}: {shown}{more}"
+def _groups_line(name: str, flat: list[int], size: int, limit: int = 6) -> str:
+    """The number and size of one kind's groups (Layout.members: flat, `size` ranks each) and
+    the first few; a group longer than the line is cut at WIDTH ranks, which the line's own cut
+    at WIDTH characters hides."""
+    count = len(flat) // size
+    shown = " ".join("[" + ",".join(map(str, flat[i * size:i * size + min(size, WIDTH)])) + "]"
+                     for i in range(min(limit, count)))
+    more = f" … {count - limit} more" if count > limit else ""
+    text = f"  {name:<4} {count:>3} × {size}: {shown}{more}"
     return text if len(text) <= WIDTH else text[: WIDTH - 1] + "…"
 
 
-def _cluster_picture(plan: Plan) -> list[str]:
-    spec = plan.spec
-    gpn = spec.cluster.gpus_per_node
-    by_gpu = {(r.node, r.gpu): r for r in plan.ranks}
+def _cluster_picture(plan: Plan, numbers: list[str]) -> list[str]:
+    """A block of rows per node (more when its GPUs do not fit in one): the GPU, then the actor
+    rank, its coordinates and the engine on each GPU. Each row is made for every GPU of the
+    cluster at once, without a Python step per GPU (issue 17: 262,144 GPUs); `numbers` holds
+    str(i) of every i below the cluster's GPU count."""
+    spec, engines = plan.spec, plan.engines
+    gpn, nodes = spec.cluster.gpus_per_node, spec.cluster.nodes
+    total, actor = nodes * gpn, len(plan.ranks)
     label = 9
     per_row = max(1, min(gpn, (WIDTH - label) // 7))
     cell = max(5, min(9, (WIDTH - label) // per_row))
-    out = []
-    for node in range(spec.cluster.nodes):
-        for first in range(0, gpn, per_row):
-            gpus = range(first, min(first + per_row, gpn))
-            rows = {"": [], "rank": [], "tp": [], "cp": [], "dp": [], "pp": [], "ep": [],
-                    "etp": [], "edp": [], "engine": []}
-            for gpu in gpus:
-                rank = by_gpu.get((node, gpu))
-                rows[""].append(f"gpu{gpu}")
-                for axis in ("tp", "cp", "dp", "pp", "ep", "etp", "edp"):
-                    rows[axis].append(str(rank.coords[axis]) if rank else "·")
-                rows["rank"].append(str(rank.rank) if rank else "·")
-                engine = plan.engine_of((node, gpu))
-                rows["engine"].append(f"e{engine}" if engine is not None else "·")
-            out.append(f"node {node}" + ("" if first == 0 else " (cont.)"))
-            for name, cells in rows.items():
-                out.append(f"  {name:<{label - 2}}" + "".join(f"{c:<{cell}}" for c in cells).rstrip())
-    return out
+    blank = ["·".ljust(cell)]
+    padded = list(map(str.ljust, numbers, repeat(cell)))  # each rank, coordinate, ... < total
+    columns = plan.ranks.columns()
+    rows = {"": [f"gpu{gpu}".ljust(cell) for gpu in range(gpn)] * nodes,
+            "rank": padded[:actor] + blank * (total - actor)}
+    for axis in ("tp", "cp", "dp", "pp", "ep", "etp", "edp"):
+        rows[axis] = list(map(padded.__getitem__, columns[axis])) + blank * (total - actor)
+    used = engines.start + len(engines) * engines.size
+    names = map(str.ljust, map("e".__add__, numbers[:len(engines)]), repeat(cell))
+    rows["engine"] = (blank * engines.start
+                      + list(chain.from_iterable(map(repeat, names, repeat(engines.size))))
+                      + blank * (total - used))
+    # the last cell of a line unpadded (as the lines' rstrip did)
+    starts = range(0, gpn, per_row)
+    for end in (min(first + per_row, gpn) - 1 for first in starts):
+        for cells in rows.values():
+            cells[end::gpn] = list(map(str.rstrip, cells[end::gpn]))
+    blocks = [slice(node * gpn + first, node * gpn + min(first + per_row, gpn))
+              for node in range(nodes) for first in starts]
+    heads = [f"node {node}" + ("" if first == 0 else " (cont.)")
+             for node in range(nodes) for first in starts]
+    lines = [map(f"  {name:<{label - 2}}".__add__, map("".join, map(cells.__getitem__, blocks)))
+             for name, cells in rows.items()]
+    return list(chain.from_iterable(zip(heads, *lines, strict=True)))
+
+
+def _engine_lines(plan: Plan, numbers: list[str]) -> list[str]:
+    """A line per engine, made for all engines at once (issue 17: there can be 262,144): they
+    differ only in their index and nodes."""
+    e = plan.engines
+    experts = (f"{e.physical_experts} physical experts ({e.redundant_experts} redundant), "
+               f"{e.experts_per_gpu} per GPU" if e.physical_experts else "dense")
+    firsts, stops = e.node_spans()
+    if all(map(int.__eq__, map(int.__sub__, stops, firsts), repeat(1))):
+        where = map("node ".__add__, map(numbers.__getitem__, firsts))
+    else:
+        where = [("node " if stop - first == 1 else "nodes ")
+                 + ",".join(numbers[first:stop]) for first, stop in zip(firsts, stops, strict=True)]
+    return list(map("".join, zip(repeat("  e"), numbers[:len(e)],
+                                 repeat(f": TP {e.tp} × DP {e.dp}, EP {e.ep}, "), where,
+                                 repeat(f"; {experts}"))))
 
 
 PLANNING_ONLY = ("PLANNING ONLY: vime's runtime cannot run this model (V102 below); the layout, "
@@ -112,7 +146,8 @@ def plan_text(plan: Plan) -> str:
             else [sizes, f"          {origin}"])
     engine = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
     out += ["", f"GPUs (Megatron coordinates of the actor rank; e = {engine} engine)"]
-    out += _cluster_picture(plan)
+    numbers = list(map(str, range(d.world_size)))  # for the picture and the engine lines
+    out += _cluster_picture(plan, numbers)
     why_dp = f"{spec.train.num_gpus} ÷ (tp {layout.tp} × cp {layout.cp} × pp {layout.pp})"
     why_edp = f"{spec.train.num_gpus} ÷ (etp {layout.etp} × ep {layout.ep} × pp {layout.pp})"
     sp = " + sp" if spec.train.parallel.sequence_parallel else ""
@@ -120,16 +155,11 @@ def plan_text(plan: Plan) -> str:
     out += ["", f"{actor} (groups as RankGenerator, order tp-cp-ep-dp-pp)",
             f"  dense:  tp {layout.tp}{sp}, cp {layout.cp}, pp {layout.pp}, dp {layout.dp} = {why_dp}",
             f"  expert: ep {layout.ep}, etp {layout.etp}, edp {layout.edp} = {why_edp}"]
-    out += [_groups_line(name, groups) for name, groups in plan.groups.items()]
+    out += [_groups_line(name, flat, size) for name, (flat, size) in layout.members().items()]
     rollout = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
     out += ["", f"{rollout} rollout: {plural(len(plan.engines), 'engine')} of "
             f"{plural(spec.inference.gpus_per_engine, 'GPU')}"]
-    for e in plan.engines:
-        nodes = ",".join(map(str, e.nodes))
-        experts = (f"{e.physical_experts} physical experts ({e.redundant_experts} redundant), "
-                   f"{e.experts_per_gpu} per GPU" if e.physical_experts else "dense")
-        out.append(f"  e{e.index}: TP {e.tp} × DP {e.dp}, EP {e.ep}, "
-                   f"{'node' if len(e.nodes) == 1 else 'nodes'} {nodes}; {experts}")
+    out += _engine_lines(plan, numbers)
     out += ["", "batch"]
     out.append(f"  {batch.rollout_batch_size} prompts × {batch.n_samples_per_prompt} samples = "
                f"{batch.samples_per_rollout} samples per rollout = "

@@ -38,7 +38,10 @@ def engine_on_whole_nodes(spec: Spec):
     Fix: gpus_per_engine a divisor of gpus_per_node or a multiple of it, and (not
     colocated) train.num_gpus a multiple of gpus_per_engine or of gpus_per_node."""
     gpn = spec.cluster.gpus_per_node
-    for index, gpus in enumerate(engine_gpus(spec)):
+    # engine e starts at GPU (start + e × gpus_per_engine) % gpn of its node, a position that
+    # repeats within gpn engines: if any engine straddles nodes, one of the first gpn does (a
+    # plan of 262,144 one-GPU engines checks 64, not all of them; issue 17)
+    for index, gpus in enumerate(engine_gpus(spec, count=gpn)):
         nodes = sorted({node for node, _ in gpus})
         if len(nodes) > 1 and not (gpus[0][1] == 0 and len(gpus) % gpn == 0):
             yield Finding(

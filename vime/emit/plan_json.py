@@ -1,10 +1,13 @@
-"""plan.json / `vime plan --json`: the object described in shared/spec.md."""
+"""plan.json / `vime plan --json`: the object described in docs/spec.md."""
 
 from __future__ import annotations
 
-import json
+import operator
+from itertools import chain
 
 from vime.diagnostics import Diagnostic
+from vime.emit import jsontext
+from vime.emit.jsontext import Chunks, Rows
 from vime.plan import Plan
 from vime.plan.memory import GiB
 from vime.resolve.spec import Spec
@@ -39,6 +42,9 @@ def _model(spec: Spec) -> dict | None:
 
 def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None,
                 plan: Plan | None) -> dict:
+    """The plan as JSON data, for `dumps`. Its arrays of ranks, groups and engines are Rows and
+    Chunks (vime/emit/jsontext.py): read-only sequences of the dicts and lists they stand for,
+    held as columns, since a plan can have 262,144 of each (json.dumps does not know them)."""
     ok = not any(d.severity == "error" for d in diagnostics)
     out: dict = {"spec": spec_name, "ok": ok,
                  "diagnostics": [diagnostic_json(d) for d in diagnostics]}
@@ -54,23 +60,28 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
                       if origin.kind in ("derived", "preset", "config.json", "arch", "set")}
     if plan is None:
         return out
-    layout = plan.layout
+    layout, ranks, engines = plan.layout, plan.ranks.columns(), plan.engines
     out["train"] = {
         "num_gpus": spec.train.num_gpus, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp,
         "ep": layout.ep, "etp": layout.etp, "dp": layout.dp, "edp": layout.edp,
         "sequence_parallel": spec.train.parallel.sequence_parallel,
-        "groups": plan.groups,
-        "ranks": [{"rank": r.rank, "node": r.node, "gpu": r.gpu, **r.coords} for r in plan.ranks],
+        "groups": {name: Chunks(flat, size) for name, (flat, size) in layout.members().items()},
+        # {"rank", "node", "gpu", then ActorRank.coords: tp, cp, dp, pp, ep, etp, edp}
+        "ranks": Rows(list(ranks), list(ranks.values())),
     }
+    count = len(engines)
+    nodes, gpus = engines.gpu_columns()
     out["rollout"] = {
         "num_gpus": spec.inference.num_gpus, "gpus_per_engine": spec.inference.gpus_per_engine,
-        "num_engines": len(plan.engines),
-        "engines": [{
-            "engine": e.index, "tp": e.tp, "dp": e.dp, "ep": e.ep, "nodes": e.nodes,
-            "gpus": [{"node": n, "gpu": g} for n, g in e.gpus],
-            "physical_experts": e.physical_experts, "redundant_experts": e.redundant_experts,
-            "experts_per_gpu": e.experts_per_gpu,
-        } for e in plan.engines],
+        "num_engines": count,
+        "engines": Rows(
+            ("engine", "tp", "dp", "ep", "nodes", "gpus", "physical_experts",
+             "redundant_experts", "experts_per_gpu"),
+            (range(count), [engines.tp] * count, [engines.dp] * count, [engines.ep] * count,
+             _node_lists(*engines.node_spans()),
+             Chunks(Rows(("node", "gpu"), (nodes, gpus)), engines.size) if count else [],
+             [engines.physical_experts] * count, [engines.redundant_experts] * count,
+             [engines.experts_per_gpu] * count)),
     }
     b = plan.batch
     out["batch"] = {
@@ -84,6 +95,15 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
     }
     out["memory"] = _memory(plan)
     return out
+
+
+def _node_lists(firsts: list[int], stops: list[int]):
+    """Engine.nodes of each engine, from its first node and the node after its last: as Chunks
+    when all engines span as many nodes (they do when V502 passes)."""
+    spans = set(map(operator.sub, stops, firsts))
+    if len(spans) == 1:
+        return Chunks(list(chain.from_iterable(map(range, firsts, stops))), spans.pop())
+    return list(map(list, map(range, firsts, stops)))
 
 
 def _gib(value: float) -> float:
@@ -114,4 +134,10 @@ def _memory(plan: Plan) -> dict | None:
 
 
 def dumps(obj: dict) -> str:
-    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+    """The text of plan.json: json.dumps(obj, indent=2, ensure_ascii=False) and a newline."""
+    return jsontext.dumps(obj, end="\n")
+
+
+def write(obj: dict, stream) -> None:
+    """stream.write(dumps(obj)), a part at a time (a big plan's text is 200 MB)."""
+    jsontext.write(obj, stream, end="\n")

@@ -1,16 +1,22 @@
 """Stage 5, plan: Spec -> Plan. Ranks, groups, engines and batch numbers (pure arithmetic).
 
 Runs only on a spec that check accepted, so every division here is exact.
+
+The actor's ranks and the rollout's engines are sequences computed on demand, and by columns
+for the renderers: a plan of the largest cluster the schema admits has 262,144 of each, and
+`vime plan` must still answer within a second (issue 17).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from vime.plan.groups import Layout
 from vime.plan.memory import MemoryPlan, memory_plan
-from vime.plan.placement import Gpu, actor_gpus, actor_layout, engine_gpus
+from vime.plan.placement import Gpu, actor_layout, gpu_at, gpu_columns, rollout_start
 from vime.resolve.spec import Spec
 
 
@@ -38,6 +44,97 @@ class Engine:
         return sorted({node for node, _ in self.gpus})
 
 
+def _index(sequence: Sequence, index):
+    """`index` of a sequence of len(sequence) items checked and made positive, or the range
+    of a slice."""
+    if isinstance(index, slice):
+        return range(*index.indices(len(sequence)))
+    if not -len(sequence) <= index < len(sequence):
+        raise IndexError(f"{type(sequence).__name__} index out of range")
+    return index % len(sequence)
+
+
+@dataclass(frozen=True, eq=False)
+class Ranks(Sequence):
+    """The actor's ranks: rank r on the r-th GPU in (node, gpu) order."""
+
+    layout: Layout
+    gpus_per_node: int
+
+    def __len__(self) -> int:
+        return self.layout.world_size
+
+    def __getitem__(self, index):
+        where = _index(self, index)
+        if isinstance(where, range):
+            return tuple(self[i] for i in where)
+        node, gpu = gpu_at(where, self.gpus_per_node)
+        return ActorRank(where, node, gpu, self.layout.coordinates(where))
+
+    def columns(self) -> dict[str, Sequence[int]]:
+        """rank, node, gpu and the coordinates (ActorRank.coords) of every rank, by columns."""
+        nodes, gpus = gpu_columns(0, len(self), self.gpus_per_node)
+        return {"rank": range(len(self)), "node": nodes, "gpu": gpus, **self.layout.columns()}
+
+    def __eq__(self, other):
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None
+
+
+@dataclass(frozen=True, eq=False)
+class Engines(Sequence):
+    """The rollout's engines, engine e on `size` GPUs from GPU start + e × size in (node, gpu)
+    order; every engine has the same TP, DP, EP and experts."""
+
+    num_engines: int  # not `count`: Sequence.count is a method
+    start: int
+    size: int
+    gpus_per_node: int
+    tp: int
+    dp: int
+    ep: int
+    physical_experts: int
+    redundant_experts: int
+    experts_per_gpu: int
+
+    def __len__(self) -> int:
+        return self.num_engines
+
+    def __getitem__(self, index):
+        where = _index(self, index)
+        if isinstance(where, range):
+            return tuple(self[i] for i in where)
+        first = self.start + where * self.size
+        gpus = tuple(gpu_at(g, self.gpus_per_node) for g in range(first, first + self.size))
+        return Engine(where, self.tp, self.dp, self.ep, gpus, self.physical_experts,
+                      self.redundant_experts, self.experts_per_gpu)
+
+    def index_of(self, gpu: Gpu) -> int | None:
+        node, on_node = gpu
+        offset = node * self.gpus_per_node + on_node - self.start
+        return offset // self.size if 0 <= offset < self.num_engines * self.size else None
+
+    def gpu_columns(self) -> tuple[list[int], list[int]]:
+        """The node and the GPU on the node of each engine's GPUs, engine after engine."""
+        return gpu_columns(self.start, self.num_engines * self.size, self.gpus_per_node)
+
+    def node_spans(self) -> tuple[list[int], list[int]]:
+        """Each engine's first node and the node after its last: an engine's GPUs are
+        consecutive, so Engine.nodes is range(first GPU // gpn, last GPU // gpn + 1)."""
+        gpn, size, end = self.gpus_per_node, self.size, self.start + self.num_engines * self.size
+        firsts = map(int.__floordiv__, range(self.start, end, size), repeat(gpn))
+        # last GPU // gpn + 1 = (last GPU + gpn) // gpn
+        stops = map(int.__floordiv__, range(self.start + size - 1 + gpn, end + gpn, size),
+                    repeat(gpn))
+        return list(firsts), list(stops)
+
+    def __eq__(self, other):
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None
+
+
 @dataclass(frozen=True)
 class Batch:
     rollout_batch_size: int
@@ -56,22 +153,21 @@ class Batch:
 class Plan:
     spec: Spec
     layout: Layout
-    groups: dict[str, list[list[int]]]
-    ranks: tuple[ActorRank, ...]
-    engines: tuple[Engine, ...]
+    ranks: Ranks
+    engines: Engines
     batch: Batch
     memory: MemoryPlan | None
 
-    def engine_of(self, gpu: Gpu) -> int | None:
-        return self._engine_by_gpu.get(gpu)
-
     @functools.cached_property
-    def _engine_by_gpu(self) -> dict[Gpu, int]:
-        # one lookup table, not a scan of every engine per GPU (quadratic on big clusters)
-        return {gpu: engine.index for engine in reversed(self.engines) for gpu in engine.gpus}
+    def groups(self) -> dict[str, list[list[int]]]:
+        # on demand: the renderers read them flat from layout.members()
+        return self.layout.groups()
+
+    def engine_of(self, gpu: Gpu) -> int | None:
+        return self.engines.index_of(gpu)
 
 
-def _engines(spec: Spec) -> tuple[Engine, ...]:
+def _engines(spec: Spec) -> Engines:
     inf, arch = spec.inference, spec.arch
     experts = arch.num_experts if arch is not None and arch.is_moe else 0
     redundant = inf.eplb.num_redundant_experts if inf.eplb.enabled else 0
@@ -80,10 +176,9 @@ def _engines(spec: Spec) -> tuple[Engine, ...]:
     # with EP an uneven split (no EPLB) gives the first ranks one more; without EP every GPU
     # holds a TP slice of every expert
     per_gpu = -(-physical // ep) if experts and inf.expert_parallel else experts
-    return tuple(
-        Engine(i, spec.derived.vllm_tp, inf.data_parallel_size, ep, tuple(gpus), physical,
-               redundant, per_gpu)
-        for i, gpus in enumerate(engine_gpus(spec)))
+    return Engines(spec.derived.num_engines, rollout_start(spec), inf.gpus_per_engine,
+                   spec.cluster.gpus_per_node, spec.derived.vllm_tp, inf.data_parallel_size, ep,
+                   physical, redundant, per_gpu)
 
 
 def _batch(spec: Spec) -> Batch:
@@ -105,7 +200,7 @@ def _batch(spec: Spec) -> Batch:
 
 def plan(spec: Spec) -> Plan:
     layout = actor_layout(spec)
-    ranks = tuple(ActorRank(r, node, gpu, layout.coordinates(r))
-                  for r, (node, gpu) in enumerate(actor_gpus(spec)))
-    return Plan(spec, layout, layout.groups(), ranks, _engines(spec), _batch(spec),
-                memory_plan(spec))
+    if layout.problems():  # check refuses these; a plan never lists impossible groups
+        raise ValueError("; ".join(layout.problems()))
+    return Plan(spec, layout, Ranks(layout, spec.cluster.gpus_per_node), _engines(spec),
+                _batch(spec), memory_plan(spec))

@@ -11,6 +11,7 @@ oracle tests compare it with megatron-core's own RankGenerator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain, repeat
 from math import prod
 
 DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
@@ -42,6 +43,37 @@ def orthogonal_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
     return groups
 
 
+def axis_column(stride: int, size: int, world: int) -> list[int]:
+    """Coordinate (r // stride) % size of every rank r < world, without a Python step per rank:
+    stride copies of each coordinate, that period repeated (issue 17: 262,144 ranks)."""
+    if size == 1:
+        return [0] * world
+    period = (list(range(size)) if stride == 1 else
+              list(chain.from_iterable(map(repeat, range(size), repeat(stride)))))
+    return period * (world // (stride * size))
+
+
+def axis_members(sizes: list[int], axis: int) -> list[int]:
+    """The groups that vary only `axis`, as `orthogonal_groups` lists them, one after the other
+    in one flat list (each group has sizes[axis] members), without a Python step per rank.
+
+    The group of first rank f is range(f, f + size × stride, stride); the first ranks are
+    those whose coordinate on `axis` is 0, in rank order: the first `stride` ranks of every
+    block of stride × size ranks."""
+    stride, size, world = prod(sizes[:axis]), sizes[axis], prod(sizes)
+    if stride == 1 or size == 1:  # each group a run of consecutive ranks, or a rank of its own
+        return list(range(world))
+    block = stride * size
+    firsts = list(chain.from_iterable(map(range, range(0, world, block),
+                                          range(stride, world + 1, block))))
+    return list(chain.from_iterable(map(range, firsts, map(int.__add__, firsts, repeat(block)),
+                                        repeat(stride))))
+
+
+def chunked(flat: list[int], size: int) -> list[list[int]]:
+    return list(map(list, zip(*[iter(flat)] * size, strict=True)))
+
+
 @dataclass(frozen=True)
 class Grid:
     """One RankGenerator: axis sizes in order-string order."""
@@ -50,7 +82,21 @@ class Grid:
 
     def groups(self, *axes: str) -> list[list[int]]:
         names = list(self.sizes)
+        if len(axes) == 1:
+            return chunked(self.members(axes[0]), self.sizes[axes[0]])
         return orthogonal_groups([self.sizes[n] for n in names], [n in axes for n in names])
+
+    def members(self, axis: str) -> list[int]:
+        """The groups of one axis, flat (`axis_members`)."""
+        return axis_members(list(self.sizes.values()), list(self.sizes).index(axis))
+
+    def columns(self) -> dict[str, list[int]]:
+        """Each axis's coordinate of every rank, rank after rank (`coordinates`, by columns)."""
+        world, stride, out = prod(self.sizes.values()), 1, {}
+        for name, size in self.sizes.items():
+            out[name] = axis_column(stride, size, world)
+            stride *= size
+        return out
 
     def coordinates(self, rank: int) -> dict[str, int]:
         return dict(zip(self.sizes, _decompose(rank, list(self.sizes.values())), strict=True))
@@ -97,20 +143,26 @@ class Layout:
 
     def groups(self) -> dict[str, list[list[int]]]:
         """The seven groups plan.json lists, keyed as the spec names them."""
+        return {name: chunked(flat, size) for name, (flat, size) in self.members().items()}
+
+    def members(self) -> dict[str, tuple[list[int], int]]:
+        """`groups` flat: each kind's groups one after the other, and the size of a group."""
         if self.problems():
             raise ValueError("; ".join(self.problems()))
         dense, expert = self.dense, self.expert
-        return {
-            "tp": dense.groups("tp"),
-            "cp": dense.groups("cp"),
-            "dp": dense.groups("dp"),
-            "pp": dense.groups("pp"),
-            "ep": expert.groups("ep"),
-            "etp": expert.groups("tp"),
-            "edp": expert.groups("dp"),
-        }
+        kinds = {"tp": (dense, "tp"), "cp": (dense, "cp"), "dp": (dense, "dp"),
+                 "pp": (dense, "pp"), "ep": (expert, "ep"), "etp": (expert, "tp"),
+                 "edp": (expert, "dp")}
+        return {name: (grid.members(axis), grid.sizes[axis])
+                for name, (grid, axis) in kinds.items()}
 
     def coordinates(self, rank: int) -> dict[str, int]:
         tp, cp, dp, pp = _decompose(rank, [self.tp, self.cp, self.dp, self.pp])
         etp, ep, edp, _ = _decompose(rank, [self.etp, self.ep, self.edp, self.pp])
         return {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep, "etp": etp, "edp": edp}
+
+    def columns(self) -> dict[str, list[int]]:
+        """`coordinates` of every rank, by columns: each coordinate of rank 0, 1, 2, ..."""
+        dense, expert = self.dense.columns(), self.expert.columns()
+        return {"tp": dense["tp"], "cp": dense["cp"], "dp": dense["dp"], "pp": dense["pp"],
+                "ep": expert["ep"], "etp": expert["tp"], "edp": expert["dp"]}
