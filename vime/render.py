@@ -99,12 +99,12 @@ def _engine_lines(plan: Plan, numbers: list[str]) -> list[str]:
     e = plan.engines
     experts = (f"{e.physical_experts} physical experts ({e.redundant_experts} redundant), "
                f"{e.experts_per_gpu} per GPU" if e.physical_experts else "dense")
-    firsts, stops = e.node_spans()
-    if all(map(int.__eq__, map(int.__sub__, stops, firsts), repeat(1))):
+    firsts, lasts = e.node_ends()
+    if firsts == lasts:
         where = map("node ".__add__, map(numbers.__getitem__, firsts))
     else:
-        where = [("node " if stop - first == 1 else "nodes ")
-                 + ",".join(numbers[first:stop]) for first, stop in zip(firsts, stops, strict=True)]
+        where = [("node " if first == last else "nodes ") + ",".join(numbers[first:last + 1])
+                 for first, last in zip(firsts, lasts, strict=True)]
     return list(map("".join, zip(repeat("  e"), numbers[:len(e)],
                                  repeat(f": TP {e.tp} × DP {e.dp}, EP {e.ep}, "), where,
                                  repeat(f"; {experts}"))))

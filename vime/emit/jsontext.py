@@ -14,6 +14,7 @@ written. tests/test_jsontext.py compares it with json.dumps.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from itertools import chain, repeat
 from json.encoder import encode_basestring
@@ -106,6 +107,7 @@ def _pieces(obj, end: str) -> list[str]:
 
 # types whose equal values have the same text (not float: 0.0 == -0.0; not containers: 1 == True)
 _EXACT = {int, str, bool, type(None)}
+_CONSTANTS = {None: "null", True: "true", False: "false"}
 # an item of more pieces than this is joined into one string (a group of 262,144 ranks)
 _MAX_PIECES = 64
 
@@ -158,8 +160,17 @@ class _Encoder:
                 out.append(("," + inner if k else "") + encode_basestring(key) + ": ")
                 self.one(item, level + 1, out)
             out.append(_newline(level) + "}")
+        elif type(value) is str:
+            out.append(encode_basestring(value))
+        elif type(value) is int:
+            out.append(int.__repr__(value))
+        elif value is None or value is True or value is False:
+            out.append(_CONSTANTS[value])
+        elif type(value) is float:  # as json.encoder's floatstr
+            out.append(float.__repr__(value) if math.isfinite(value) else
+                       "NaN" if value != value else "Infinity" if value > 0 else "-Infinity")
         else:
-            # anything else (a number, a string, None, an empty or odd dict): the standard
+            # anything else (an empty or odd dict, a subclass, ...): the standard
             # library's own text, indented to this level (JSON has no raw line breaks in
             # strings)
             out.append(json.dumps(value, indent=2, ensure_ascii=False).replace(
@@ -181,7 +192,8 @@ class _Encoder:
             return self.int_texts(values), 1
         values = values if type(values) is list else list(values)
         kinds = set(map(type, values))
-        if len(kinds) == 1 and kinds <= _EXACT and values.count(values[0]) == len(values):
+        if (len(kinds) == 1 and kinds <= _EXACT and values[-1] == values[0]
+                and values.count(values[0]) == len(values)):
             return [self.encoded(values[0], level)] * len(values), 1  # a column of one value
         if kinds == {int}:
             return self.int_texts(values), 1
@@ -252,7 +264,8 @@ class _Encoder:
         for k, (name, column) in enumerate(zip(names, columns, strict=True)):
             text += ("," + inner if k else "") + encode_basestring(name) + ": "
             flat, m = self.many(column, level + 1)
-            if all((flat if m == 1 else flat[q::m]).count(flat[q]) == count for q in range(m)):
+            if all(flat[q - m] == flat[q] and (flat if m == 1 else flat[q::m]).count(flat[q])
+                   == count for q in range(m)):
                 text += "".join(flat[:m])
             else:
                 segments += [text, (flat, m)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from itertools import chain
+from itertools import chain, repeat
 
 from vime.diagnostics import Diagnostic
 from vime.emit import jsontext
@@ -78,7 +78,7 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
             ("engine", "tp", "dp", "ep", "nodes", "gpus", "physical_experts",
              "redundant_experts", "experts_per_gpu"),
             (range(count), [engines.tp] * count, [engines.dp] * count, [engines.ep] * count,
-             _node_lists(*engines.node_spans()),
+             _node_lists(*engines.node_ends()),
              Chunks(Rows(("node", "gpu"), (nodes, gpus)), engines.size) if count else [],
              [engines.physical_experts] * count, [engines.redundant_experts] * count,
              [engines.experts_per_gpu] * count)),
@@ -97,12 +97,15 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
     return out
 
 
-def _node_lists(firsts: list[int], stops: list[int]):
-    """Engine.nodes of each engine, from its first node and the node after its last: as Chunks
-    when all engines span as many nodes (they do when V502 passes)."""
-    spans = set(map(operator.sub, stops, firsts))
+def _node_lists(firsts: list[int], lasts: list[int]):
+    """Engine.nodes of each engine, from its first and last node: as Chunks when all engines
+    span as many nodes (they do when V502 passes)."""
+    if firsts == lasts:
+        return Chunks(firsts, 1)
+    spans = set(map(operator.sub, lasts, firsts))
+    stops = list(map(operator.add, lasts, repeat(1)))
     if len(spans) == 1:
-        return Chunks(list(chain.from_iterable(map(range, firsts, stops))), spans.pop())
+        return Chunks(list(chain.from_iterable(map(range, firsts, stops))), spans.pop() + 1)
     return list(map(list, map(range, firsts, stops)))
 
 

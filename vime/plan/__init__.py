@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 from vime.plan.groups import Layout
 from vime.plan.memory import MemoryPlan, memory_plan
@@ -115,19 +114,19 @@ class Engines(Sequence):
         offset = node * self.gpus_per_node + on_node - self.start
         return offset // self.size if 0 <= offset < self.num_engines * self.size else None
 
-    def gpu_columns(self) -> tuple[list[int], list[int]]:
-        """The node and the GPU on the node of each engine's GPUs, engine after engine."""
+    @functools.cached_property
+    def _gpu_columns(self) -> tuple[list[int], list[int]]:
         return gpu_columns(self.start, self.num_engines * self.size, self.gpus_per_node)
 
-    def node_spans(self) -> tuple[list[int], list[int]]:
-        """Each engine's first node and the node after its last: an engine's GPUs are
-        consecutive, so Engine.nodes is range(first GPU // gpn, last GPU // gpn + 1)."""
-        gpn, size, end = self.gpus_per_node, self.size, self.start + self.num_engines * self.size
-        firsts = map(int.__floordiv__, range(self.start, end, size), repeat(gpn))
-        # last GPU // gpn + 1 = (last GPU + gpn) // gpn
-        stops = map(int.__floordiv__, range(self.start + size - 1 + gpn, end + gpn, size),
-                    repeat(gpn))
-        return list(firsts), list(stops)
+    def gpu_columns(self) -> tuple[list[int], list[int]]:
+        """The node and the GPU on the node of each engine's GPUs, engine after engine."""
+        return self._gpu_columns
+
+    def node_ends(self) -> tuple[list[int], list[int]]:
+        """Each engine's first node and last node: an engine's GPUs are consecutive, so
+        Engine.nodes is range(first, last + 1)."""
+        nodes = self._gpu_columns[0]
+        return nodes[::self.size], nodes[self.size - 1::self.size]
 
     def __eq__(self, other):
         return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
