@@ -104,7 +104,7 @@ demo: $(VENV)/.installed
 	rm -rf build/runs/tiny-cpu
 	$(VENV)/bin/vime submit --local specs/tiny_cpu.toml --set rollout.num_rollout=20
 	$(VENV)/bin/vime submit --local specs/tiny_cpu.toml
-	$(PY) -m runtime.metrics build/runs/tiny-cpu/local-*
+	$(PY) -m runtime.rl.metrics build/runs/tiny-cpu/local-*
 	@echo "vime is in $(VENV)/bin: \`source $(VENV)/bin/activate\` for the bare \`vime plan ...\` of the README"
 
 clean:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from runtime.rewards import answers_match, last_boxed
+from runtime.rl.rewards import answers_match, last_boxed
 
 PAD, EOS, BOS_TURN, UNK = "<pad>", "<|im_end|>", "<|im_start|>", "<unk>"
 SPECIAL = (PAD, EOS, BOS_TURN, UNK)

@@ -7,7 +7,7 @@ import sys
 import pytest
 from specsupport import ROOT, run_spec
 
-from runtime import rewards as runtime_rewards
+from runtime.rl import rewards as runtime_rewards
 from vime.rewards import BUILTIN_REWARDS
 
 SPEC = ROOT / "specs" / "qwen3_30b.toml"

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.routing import ReplayLayout, local_routes, per_layer, sample_routes
+from runtime.megatron.routing import ReplayLayout, local_routes, per_layer, sample_routes
 
 
 def token_routes(length: int, layers: int = 2, topk: int = 2, offset: int = 0) -> np.ndarray:

@@ -43,7 +43,7 @@ def job_files(spec: Path, sets: list[str]) -> tuple[dict[str, str], Path]:
     """The job folder's files as `vime submit` writes them (paths made absolute), and a new job
     folder in the spec's experiment folder: its checkpoints are the experiment's, as with
     `vime submit` (a second run of the same experiment resumes from them)."""
-    from runtime.slices import compiled
+    from runtime.core.slices import compiled
     from vime.launch.submit import prepare
 
     try:
@@ -86,7 +86,7 @@ def main() -> None:
 
     import ray
 
-    from runtime import driver
+    from runtime.node import driver
 
     files, job_dir = start(args)
     started = time.perf_counter()

@@ -22,8 +22,8 @@ from types import MappingProxyType
 import torch
 
 from runtime.backends.megatron_train import MegatronTrainingBackend
-from runtime.interfaces import TrainBatch
-from runtime.slices import LossConfig, ModelSlice, OptimizerSlice, TrainSlice
+from runtime.core.interfaces import TrainBatch
+from runtime.core.slices import LossConfig, ModelSlice, OptimizerSlice, TrainSlice
 from vime.resolve.model import PRESETS
 
 

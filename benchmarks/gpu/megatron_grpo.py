@@ -1,6 +1,6 @@
-"""On a GPU, without Ray: the GRPO loop of runtime/loop.py on the toy task of
+"""On a GPU, without Ray: the GRPO loop of runtime/rl/loop.py on the toy task of
 specs/tiny_cpu.toml, with the Megatron training backend and the torch rollout backend
-in this process (runtime.actors.local_groups). Prints the reward per rollout.
+in this process (runtime.workers.actors.local_groups). Prints the reward per rollout.
 
     python benchmarks/gpu/megatron_grpo.py --rollouts 20 --out $OUT/megatron_grpo.json
 """
@@ -13,10 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from runtime import actors
-from runtime.driver import job_loop
-from runtime.metrics import MetricsLogger
-from runtime.spmd import job_config
+from runtime.node.driver import job_loop
+from runtime.node.torchrun import job_config
+from runtime.rl.metrics import MetricsLogger
+from runtime.workers import actors
 
 ROOT = Path(__file__).resolve().parents[2]
 

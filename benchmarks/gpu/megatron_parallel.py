@@ -56,7 +56,7 @@ def make_hf(folder: Path) -> None:
 
 
 def _config(folder: Path, tp: int, ep: int, job_dir: Path, extra: tuple[str, ...] = ()):
-    from runtime.spmd import job_config
+    from runtime.node.torchrun import job_config
 
     sets = ['train.backend="megatron"', 'cluster.gpu="H200"', "cluster.gpus_per_node=2",
             f"train.parallel.tp={tp}", f"train.parallel.ep={ep}", "model.random_init=false",
@@ -66,7 +66,7 @@ def _config(folder: Path, tp: int, ep: int, job_dir: Path, extra: tuple[str, ...
 
 
 def _batch(samples: int, seed: int = 1):
-    from runtime.interfaces import TrainBatch
+    from runtime.core.interfaces import TrainBatch
 
     rng = np.random.default_rng(seed)
     tokens, prompts = [], []
@@ -146,8 +146,8 @@ def _steps_after_load(backend, ckpt: Path, step, saved_state: dict) -> dict:
 def check(folder: Path, tp: int, ep: int, out: Path | None, extra: tuple[str, ...] = ()) -> None:
     import torch.distributed as dist
 
-    from runtime import actors
     from runtime.megatron.convert import read_hf
+    from runtime.workers import actors
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -29,12 +29,12 @@ for layout in ${LAYOUTS:-"2,1" "1,2"}; do
   grep -v "Warning\|warnings.warn" "$OUT/parallel_$name.log" | grep -m3 -B2 -A12 "Traceback\|Error" 
 done
 fi
-# GRPO on the toy task with rank 0 driving both ranks (runtime/spmd.py), then a resume
+# GRPO on the toy task with rank 0 driving both ranks (runtime/node/torchrun.py), then a resume
 if [[ $stages == *" grpo "* ]]; then
 for layout in ${LAYOUTS:-"2,1" "1,2"}; do
   set -- ${layout//,/ }; cp=${3:-1}; name=tp$1_ep$2${3:+_cp$3}
   job=/tmp/grpo-$name/job
-  run python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m runtime.spmd \
+  run python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m runtime.node.torchrun \
     specs/tiny_cpu.toml --set 'train.backend="megatron"' --set 'cluster.gpu="H200"' \
     --set cluster.gpus_per_node=2 --set train.parallel.tp=$1 --set train.parallel.ep=$2 \
     --set train.parallel.cp=$cp \
@@ -48,7 +48,7 @@ fi
 # against one uninterrupted job to 16 (same seed): rollouts 12-15 should match
 [[ $stages == *" resume "* ]] || exit 0
 spmd() {  # experiment folder, job name, rollouts, save interval
-  python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m runtime.spmd \
+  python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m runtime.node.torchrun \
     specs/tiny_cpu.toml --set 'train.backend="megatron"' --set 'cluster.gpu="H200"' \
     --set cluster.gpus_per_node=2 --set train.parallel.ep=2 --set rollout.num_rollout=$3 \
     --set checkpoint.save_interval=$4 --job-dir $1/$2 --cpu-threads 4 > "$OUT/resume_$2.log" 2>&1

@@ -50,7 +50,7 @@ def main() -> None:
 
     from benchmarks.gpu.tiny_moe import SHAPES
     from runtime import toy
-    from runtime.interfaces import GenerationRequest, SamplingParams
+    from runtime.core.interfaces import GenerationRequest, SamplingParams
 
     shape = dict(SHAPES[args.shape])
     if args.layers:
@@ -84,7 +84,7 @@ def main() -> None:
     started = time.perf_counter()
     if args.mode == "vime":
         from runtime.backends.vllm_rollout import VllmRolloutBackend
-        from runtime.slices import EngineSlice, ModelSlice
+        from runtime.core.slices import EngineSlice, ModelSlice
 
         backend = VllmRolloutBackend()
         backend.start(EngineSlice(backend="vllm", engine=0, gpus=((0, 0),), tp=1, dp=1, ep=1,

@@ -1,4 +1,4 @@
-"""On a GPU: routes laid out by runtime/routing.py, replayed through megatron-core's
+"""On a GPU: routes laid out by runtime/megatron/routing.py, replayed through megatron-core's
 RouterReplay, force exactly those experts in every MoE layer of a real GPTModel.
 
     python benchmarks/gpu/routing_replay.py --out $OUT/routing_replay.json
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from runtime.megatron.model import build_gpt, transformer_config
-from runtime.routing import ReplayLayout, local_routes, per_layer
+from runtime.megatron.routing import ReplayLayout, local_routes, per_layer
 from vime.resolve.model import arch_from_config
 
 CONFIG = {"model_type": "qwen3_moe", "num_hidden_layers": 3, "hidden_size": 256,

@@ -29,10 +29,11 @@ def main() -> None:
 
     import ray
 
-    from runtime import actors, placement
-    from runtime.driver import cpu_threads_per_actor
-    from runtime.interfaces import GenerationRequest, SamplingParams
-    from runtime.slices import JobConfig
+    from runtime.core.interfaces import GenerationRequest, SamplingParams
+    from runtime.core.slices import JobConfig
+    from runtime.node import placement
+    from runtime.node.driver import cpu_threads_per_actor
+    from runtime.workers import actors
 
     files, job_dir = start(args)
     plan = json.loads(files["plan.json"])

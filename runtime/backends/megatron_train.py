@@ -1,5 +1,5 @@
 """The Megatron training backend: megatron-core's GPTModel (runtime/megatron/model.py), its
-DistributedDataParallel and distributed optimizer, the GRPO loss of runtime/algorithm.py, and
+DistributedDataParallel and distributed optimizer, the GRPO loss of runtime/core/algorithm.py, and
 rollout routing replay through megatron-core's RouterReplay.
 
 Layouts: tensor, context, expert (with its own expert-tensor size) and data parallel, as the
@@ -43,7 +43,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runtime import nucleus
 from runtime.backends.torch_train import (
     PAD,
     TorchTrainingBackend,
@@ -51,12 +50,13 @@ from runtime.backends.torch_train import (
     response_positions,
     sampling_top_p,
 )
-from runtime.interfaces import TrainBatch
+from runtime.core import nucleus
+from runtime.core.interfaces import TrainBatch
+from runtime.core.slices import TrainSlice
 from runtime.megatron import shards
 from runtime.megatron.mapping import MegatronView, tensor_to_hf, unfuse_experts
 from runtime.megatron.model import build_gpt, cp_slots, transformer_config
-from runtime.routing import ReplayLayout, local_routes, per_layer
-from runtime.slices import TrainSlice
+from runtime.megatron.routing import ReplayLayout, local_routes, per_layer
 from vime.resolve.model import arch_from_config
 
 # megatron-core's default optimizer layout (dp_reshardable since 0.14; the older
@@ -338,7 +338,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
 
     def _whole_vocabulary(self, logits):
         """[..., V] logits from every tensor-parallel rank's [..., V / tp] columns: the top-p
-        nucleus of a position needs all of its logits (runtime/nucleus.py). megatron-core's
+        nucleus of a position needs all of its logits (runtime/core/nucleus.py). megatron-core's
         gather (its ColumnParallelLinear's gather_output), whose backward keeps this rank's
         columns: every rank computes the same loss from the gathered logits.
 

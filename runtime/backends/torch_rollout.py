@@ -2,7 +2,7 @@
 temperature and top-p, one seeded generator per request, returning per-token log-probs and
 (when asked) the routed experts. One device per engine (V902).
 
-Top-p is vLLM's rule (runtime/nucleus.py) and the log-probs are of the renormalised nucleus,
+Top-p is vLLM's rule (runtime/core/nucleus.py) and the log-probs are of the renormalised nucleus,
 as vLLM's processed log-probs are; greedy sampling applies no top-p, as vLLM's does not.
 
 sleep/wake are real state changes, as vLLM's sleep mode is: level 1 moves the weights to a
@@ -17,16 +17,16 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from runtime import nucleus
 from runtime.backends import torch_model
-from runtime.interfaces import (
+from runtime.core import nucleus
+from runtime.core.interfaces import (
     Generation,
     GenerationRequest,
     RolloutBackend,
     SamplingParams,
     WeightBucket,
 )
-from runtime.slices import EngineSlice
+from runtime.core.slices import EngineSlice
 
 
 class TorchRolloutBackend(RolloutBackend):

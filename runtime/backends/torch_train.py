@@ -1,6 +1,6 @@
 """The torch training backend: the transformers model on one device per rank, data parallel
 over ranks through torch.distributed (gloo on CPU, NCCL on GPUs), AdamW, the GRPO loss of
-runtime/algorithm.py. No tensor, pipeline, context or expert parallelism (V902).
+runtime/core/algorithm.py. No tensor, pipeline, context or expert parallelism (V902).
 
 Every rank builds the same initial weights (the same checkpoint or seed), sums its
 gradients with the others after each step and so stays an exact replica; rank 0 therefore
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runtime import algorithm, nucleus
 from runtime.backends import torch_model
-from runtime.interfaces import TrainBatch, TrainingBackend
-from runtime.slices import TrainSlice
+from runtime.core import algorithm, nucleus
+from runtime.core.interfaces import TrainBatch, TrainingBackend
+from runtime.core.slices import TrainSlice
 
 # A micro-batch [PAD] runs sample 0 again with its mask cleared: backends whose ranks share
 # collectives inside the forward (Megatron's expert all-to-all) pad to the same count.
@@ -247,7 +247,7 @@ class TorchTrainingBackend(TrainingBackend):
 
     def _target_log_probs(self, logits, targets):
         """Log-probs of the targets only (no entropy): the log-prob passes. With top_p < 1,
-        under the nucleus the engine sampled from, renormalised (runtime/nucleus.py), as
+        under the nucleus the engine sampled from, renormalised (runtime/core/nucleus.py), as
         vLLM's processed log-probs are (issue 14)."""
         if self.top_p < 1.0:
             return nucleus.log_probs(logits, targets, self.top_p)

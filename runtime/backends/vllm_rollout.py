@@ -9,7 +9,7 @@ checked against vLLM's own parser in tests/oracle/test_vllm.py).
   `VLLM_RAY_PER_WORKER_GPUS` = the engine's share of a GPU; the host actor then holds no GPU
   itself. An engine with vLLM data parallelism (dp > 1) needs one `LLM` per DP rank
   (`LLM(data_parallel_size > 1)` raises outside external_launcher, vllm/entrypoints/llm.py):
-  each rank has its own host process (runtime/dp_engine.py), started with its rank's slice,
+  each rank has its own host process (runtime/workers/dp_engine.py), started with its rank's slice,
   for which `launch` gives its bundles and the VLLM_DP_* variables of vLLM's offline DP.
 - Generation: token-id prompts, one sample per request with the request's seed (so a resumed
   run samples the same), `logprobs=0` for the sampled token's log-prob (vime emits
@@ -43,7 +43,7 @@ checked against vLLM's own parser in tests/oracle/test_vllm.py).
     weight-cache IPC loader of model loading, model_loader/weight_cache/ipc_loader.py, not
     the weight-transfer engine; only the sharded_rdt transfer backend refuses EPLB.)
   After a sync, `fingerprints(names)` hashes a few tensors in every worker (collective_rpc)
-  for the actor to compare with its own (runtime/weights.py).
+  for the actor to compare with its own (runtime/core/weights.py).
 - Sleep and wake map to `LLM.sleep(level)` / `LLM.wake_up(tags)` (`--enable-sleep-mode`).
 
 What has and has not been executed, on which version and machine, is in docs/vllm.md.
@@ -57,17 +57,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.interfaces import (
+from runtime.core.interfaces import (
     Generation,
     GenerationRequest,
     RolloutBackend,
     SamplingParams,
     WeightBucket,
 )
-from runtime.slices import EngineSlice
+from runtime.core.slices import EngineSlice
 
 # colocated, an engine's Ray workers take this share of each GPU, as the engine actor does
-# (runtime/actors.py, slime's numbers)
+# (runtime/workers/actors.py, slime's numbers)
 COLOCATED_WORKER_GPU_SHARE = 0.2
 
 
@@ -208,14 +208,14 @@ class VllmRolloutBackend(RolloutBackend):
 
     def start(self, slice: EngineSlice) -> None:
         """One `LLM`: the whole engine when dp is 1, else the DP rank of `slice.dp_rank`
-        (each rank has its own host, runtime/dp_engine.py)."""
+        (each rank has its own host, runtime/workers/dp_engine.py)."""
         ranks = launch(slice)
         if len(ranks) > 1:
             raise ValueError(
                 f"engine {slice.engine}: vLLM data parallelism ({slice.dp} ranks) needs one "
                 "LLM per DP rank (LLM(data_parallel_size > 1) raises outside "
                 "external_launcher); start each rank from its slice "
-                "(EngineSlice.for_dp_rank), as runtime/dp_engine.py does")
+                "(EngineSlice.for_dp_rank), as runtime/workers/dp_engine.py does")
         rank = ranks[0]
         os.environ.update(rank.env)
         if rank.kwargs.get("distributed_executor_backend") == "ray":
@@ -322,7 +322,7 @@ class VllmRolloutBackend(RolloutBackend):
         self.version = version
 
     def fingerprints(self, names: Sequence[str]) -> list[dict]:
-        """Per worker, {name: (dtype, sha256)} of those parameters (runtime/weights.py)."""
+        """Per worker, {name: (dtype, sha256)} of those parameters (runtime/core/weights.py)."""
         return self.llm.collective_rpc("vime_fingerprints", args=(list(names),))
 
     def sleep(self, level: int = 1) -> None:

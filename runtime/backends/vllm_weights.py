@@ -15,11 +15,11 @@ the differences). This module gives them vime's pieces:
   `RayVLLMWeightSyncClient` sends one NCCL init payload to all handles; with several
   engines each needs its own `rank_offset` in the group, which this client sets.
 - `trainer_init_info` / `worker_init_infos` / `update_info`: vLLM's own dataclasses, filled
-  from the plan (bucket bytes = the packed buffer size, runtime/weights.py).
+  from the plan (bucket bytes = the packed buffer size, runtime/core/weights.py).
 - `trainer_engine(...)`: vLLM's trainer engine of one actor rank for a route
-  (runtime/weight_sync.py), made on the first sync and kept by the rank's host
-  (runtime/actors.py, TrainWorker.send_weights); `send(...)`: one sync through it, then the
-  version, then the sample check (runtime/weights.py: the same few tensors hashed in the
+  (runtime/workers/weight_sync.py), made on the first sync and kept by the rank's host
+  (runtime/workers/actors.py, TrainWorker.send_weights); `send(...)`: one sync through it, then the
+  version, then the sample check (runtime/core/weights.py: the same few tensors hashed in the
   actor and in every worker).
 
 Imported only by an actor that takes this path (`vllm_rollout.weight_path`); it imports
@@ -34,9 +34,9 @@ from functools import cached_property
 
 from vllm.distributed.weight_transfer.base import ParamMeta
 
-from runtime import weights
-from runtime.actors import _call_all
 from runtime.backends import vllm_compat
+from runtime.core import weights
+from runtime.core.hosts import call_all as _call_all
 
 
 class ExportSource:
@@ -177,7 +177,7 @@ def check_sample(engines: Sequence, actor_tensors: dict) -> None:
 
 def trainer_engine(engines: Sequence, route, rank: int, source: ExportSource,
                    bucket_bytes: int):
-    """vLLM's trainer engine of this actor rank for a route (runtime/weight_sync.py): the
+    """vLLM's trainer engine of this actor rank for a route (runtime/workers/weight_sync.py): the
     init info from the route (NCCL: rank 0's rendezvous, one rank range per engine), a
     client over the engines on the rank that drives them (rank 0; the others get none and
     vLLM never calls theirs), and the export as its source. On rank 0 this is the

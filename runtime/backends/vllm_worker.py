@@ -75,8 +75,8 @@ class VimeWorkerExtension:
         return getattr(self, "_vime_loaded", 0)
 
     def vime_fingerprints(self, names: list[str]) -> dict:
-        """runtime.weights.fingerprints of this worker's parameters of those names."""
-        from runtime import weights
+        """runtime.core.weights.fingerprints of this worker's parameters of those names."""
+        from runtime.core import weights
 
         return weights.fingerprints(self.model_runner.model.named_parameters(), names)
 

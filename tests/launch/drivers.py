@@ -1,4 +1,4 @@
-"""Test drivers with the runtime driver's signature (runtime/job.py), picked with VIME_DRIVER.
+"""Test drivers with the runtime driver's signature (runtime/node/job.py), picked with VIME_DRIVER.
 
 check     checks the Ray cluster the job built: alive nodes, GPUs, and a placement group of
           nodes × gpus_per_node one-GPU bundles spread gpus_per_node per node, each probed by a

@@ -9,7 +9,7 @@ import time
 import pytest
 from launchkit import DRIVERS, SMOKE, marked_processes, spec_sets, vime
 
-from runtime.ray_bootstrap import RayNode, temp_dir
+from runtime.node.ray_bootstrap import RayNode, temp_dir
 from vime.launch import ports
 
 

@@ -86,7 +86,7 @@ def test_a_model_id_stays_and_a_path_found_only_in_the_working_folder_is_taken_f
 
 
 def test_the_job_finds_the_prompts_from_another_working_folder(tmp_path, monkeypatch):
-    from runtime.slices import JobConfig
+    from runtime.core.slices import JobConfig
 
     monkeypatch.chdir(ROOT)
     prepared, compiled = _submit_and_compile(TINY)

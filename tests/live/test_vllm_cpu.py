@@ -23,10 +23,10 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from runtime import weights
 from runtime.backends.vllm_rollout import VllmRolloutBackend
-from runtime.interfaces import GenerationRequest, SamplingParams, WeightBucket
-from runtime.slices import JobConfig, compile_job
+from runtime.core import weights
+from runtime.core.interfaces import GenerationRequest, SamplingParams, WeightBucket
+from runtime.core.slices import JobConfig, compile_job
 
 ROOT = Path(__file__).resolve().parents[2]
 # The GPU toy spec with what a CPU engine needs instead (shared/vllm-cpu/README.md): float32
@@ -156,9 +156,9 @@ def log_prob_error(engine, model, seeds=range(6), top_p: float = 1.0) -> float:
 
 
 def push(engine, tensors: dict, version: int) -> None:
-    """A weight update as the training ranks send it on the fallback path (runtime/actors.py,
-    TrainWorker.push_weights then TrainGroup.push_weights): buckets of the export, then an
-    empty last one."""
+    """A weight update as the training ranks send it on the fallback path
+    (runtime/workers/actors.py, TrainWorker.push_weights then TrainGroup.push_weights): buckets
+    of the export, then an empty last one."""
     bucket, size = {}, 0
     for name, tensor in tensors.items():
         bucket[name] = tensor
@@ -172,7 +172,7 @@ def push(engine, tensors: dict, version: int) -> None:
 
 
 def sample_mismatches(engine, tensors: dict) -> list[str]:
-    """The actor's sample check after a sync (runtime/weights.py), on every worker."""
+    """The actor's sample check after a sync (runtime/core/weights.py), on every worker."""
     names = weights.sample_names(tensors)
     assert names
     return [wrong for reported in engine.fingerprints(names)

@@ -25,9 +25,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from runtime import nucleus  # noqa: E402
 from runtime.backends.torch_train import response_positions  # noqa: E402
-from runtime.interfaces import TrainBatch  # noqa: E402
+from runtime.core import nucleus  # noqa: E402
+from runtime.core.interfaces import TrainBatch  # noqa: E402
 
 VOCAB, WIDTH, TEMPERATURE = 48, 16, 0.8
 TOKENS = [[(7 * i + 3) % VOCAB for i in range(16)], [(5 * i + 1) % VOCAB for i in range(13)]]

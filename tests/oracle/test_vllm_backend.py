@@ -19,8 +19,8 @@ from vllm.logprobs import Logprob  # noqa: E402
 from vllm.outputs import CompletionOutput  # noqa: E402
 
 from runtime.backends.vllm_rollout import engine_kwargs, sampling_params, to_generation  # noqa: E402
-from runtime.interfaces import GenerationRequest, SamplingParams  # noqa: E402
-from runtime.routing import ReplayLayout, local_routes  # noqa: E402
+from runtime.core.interfaces import GenerationRequest, SamplingParams  # noqa: E402
+from runtime.megatron.routing import ReplayLayout, local_routes  # noqa: E402
 from vime import pipeline  # noqa: E402
 from vime.emit.vllm import vllm_args  # noqa: E402
 from vime.parse import Source  # noqa: E402
@@ -104,10 +104,10 @@ from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
 )
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
-from runtime import weights  # noqa: E402
 from runtime.backends import vllm_weights  # noqa: E402
 from runtime.backends.vllm_rollout import launch, weight_transfer_backend  # noqa: E402
-from runtime.slices import EngineSlice  # noqa: E402
+from runtime.core import weights  # noqa: E402
+from runtime.core.slices import EngineSlice  # noqa: E402
 
 
 def _engine_slice(name: str, colocated: bool | None = None) -> EngineSlice:
@@ -229,8 +229,8 @@ from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
     NCCLTrainerWeightTransferEngine,
 )
 
-from runtime import weight_sync  # noqa: E402
 from runtime.backends.vllm_rollout import VllmRolloutBackend  # noqa: E402
+from runtime.workers import weight_sync  # noqa: E402
 
 
 class _EngineHost:

@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from runtime import actors
-from runtime.driver import job_loop
-from runtime.loop import GRPOLoop
-from runtime.metrics import MetricsLogger
-from runtime.slices import JobConfig, compile_job
+from runtime.core.slices import JobConfig, compile_job
+from runtime.node.driver import job_loop
+from runtime.rl.loop import GRPOLoop
+from runtime.rl.metrics import MetricsLogger
+from runtime.workers import actors
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "specs" / "tiny_cpu.toml"

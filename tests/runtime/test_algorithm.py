@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from runtime import algorithm
-from runtime.slices import LossConfig
+from runtime.core import algorithm
+from runtime.core.slices import LossConfig
 
 LN2 = math.log(2)
 

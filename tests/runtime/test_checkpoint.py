@@ -16,7 +16,7 @@ import torch
 from runtimekit import ROOT, job_config
 
 from runtime.backends.torch_train import TorchTrainingBackend
-from runtime.checkpoint import Checkpoints
+from runtime.rl.checkpoint import Checkpoints
 
 
 class FakeTrain:
@@ -67,7 +67,7 @@ sys.path.insert(0, {tests!r})
 from pathlib import Path
 from runtimekit import job_config
 from runtime.backends.torch_train import TorchTrainingBackend
-from runtime.checkpoint import Checkpoints
+from runtime.rl.checkpoint import Checkpoints
 
 tmp = Path({tmp!r})
 _, _, config = job_config(tmp)

@@ -1,4 +1,4 @@
-"""An engine of several data-parallel ranks (runtime/dp_engine.py) on a real Ray with
+"""An engine of several data-parallel ranks (runtime/workers/dp_engine.py) on a real Ray with
 logical GPUs: the torch rollout backend stands in for vLLM's LLM in each rank's host (it
 has no DP group of its own; the structure around it is what runs here). One engine of two
 ranks on GPUs 2 and 3, two training ranks on GPUs 0 and 1."""
@@ -10,9 +10,10 @@ import threading
 import pytest
 from runtimekit import busy, job_config
 
-from runtime import actors, placement, supervisor
-from runtime.dp_engine import rank_batches
-from runtime.interfaces import GenerationRequest, SamplingParams
+from runtime.core.interfaces import GenerationRequest, SamplingParams
+from runtime.node import placement
+from runtime.workers import actors, supervisor
+from runtime.workers.dp_engine import rank_batches
 
 PARAMS = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=24, stop_token_ids=())
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from runtimekit import in_process_loop, job_config, metrics
 
-from runtime import metrics as metrics_module
-from runtime.interfaces import WeightBucket
-from runtime.metrics import MetricsLogger
+from runtime.core.interfaces import WeightBucket
+from runtime.rl import metrics as metrics_module
+from runtime.rl.metrics import MetricsLogger
 
 # A resumed run must end where the uninterrupted one does: every sample, reward and weight is
 # derived from the seed, the rollout index and the checkpointed state, so on one machine the

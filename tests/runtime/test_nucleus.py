@@ -1,4 +1,4 @@
-"""runtime/nucleus.py against a plain reading of vLLM's top-p rule (vllm/v1/sample/ops/
+"""runtime/core/nucleus.py against a plain reading of vLLM's top-p rule (vllm/v1/sample/ops/
 topk_topp_sampler.py, apply_top_k_top_p_pytorch, top-p only): sort ascending, softmax,
 cumulative sum, mask where it is <= 1 - p (in float32), never the largest, log-softmax of
 what is left. On random logits with and without ties, for p in {0.3, 0.6, 0.95, 1.0}, and on
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from runtime import nucleus
+from runtime.core import nucleus
 
 VOCAB = 64
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from runtime import toy
-from runtime.data import PromptSampler, read_prompts
-from runtime.slices import DataConfig
+from runtime.core.slices import DataConfig
+from runtime.rl.data import PromptSampler, read_prompts
 
 
 @pytest.fixture

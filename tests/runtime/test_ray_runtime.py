@@ -9,7 +9,7 @@ import pytest
 import torch
 from runtimekit import job_config, metrics
 
-from runtime import driver
+from runtime.node import driver
 
 # Two data-parallel ranks sum their gradients of a loss already divided by the whole step's
 # tokens, so they take the step one rank takes; only the order of float additions differs.

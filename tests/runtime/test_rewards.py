@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime import rewards, toy
+from runtime import toy
+from runtime.rl import rewards
 
 
 @pytest.mark.parametrize("response, label, expected", [

@@ -1,5 +1,6 @@
-"""The training ranks as one torchrun world without Ray (runtime/spmd.py): two CPU processes
-over gloo, the torch backends, the tiny spec on two (logical) GPUs, so dp = 2.
+"""The training ranks as one torchrun world without Ray (runtime/node/torchrun.py,
+runtime/core/spmd.py): two CPU processes over gloo, the torch backends, the tiny spec on two
+(logical) GPUs, so dp = 2.
 
 Rank 0 runs the loop and the engine; each call reaches both ranks with their share. The
 actor's log-probs, reassembled from the two replicas, must equal the engine's to rounding:
@@ -21,7 +22,7 @@ def test_two_ranks_train_from_rank_zero(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     completed = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "runtime.spmd", str(ROOT / "specs" / "tiny_cpu.toml"),
+         "-m", "runtime.node.torchrun", str(ROOT / "specs" / "tiny_cpu.toml"),
          "--set", "cluster.gpus_per_node=2", "--set", "rollout.num_rollout=2",
          "--job-dir", str(job), "--cpu-threads", "1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -38,7 +39,7 @@ def test_two_ranks_train_from_rank_zero(tmp_path):
 def test_a_world_that_is_not_the_plan_is_refused(tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-         "-m", "runtime.spmd", str(ROOT / "specs" / "tiny_cpu.toml"),
+         "-m", "runtime.node.torchrun", str(ROOT / "specs" / "tiny_cpu.toml"),
          "--set", "cluster.gpus_per_node=2", "--job-dir", str(tmp_path / "job")],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
         text=True, timeout=300, check=False)

@@ -11,8 +11,9 @@ import time
 import pytest
 from runtimekit import busy, job_config
 
-from runtime import actors, placement, supervisor
-from runtime.interfaces import GenerationRequest, SamplingParams
+from runtime.core.interfaces import GenerationRequest, SamplingParams
+from runtime.node import placement
+from runtime.workers import actors, supervisor
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ import pytest
 import torch
 from runtimekit import job_config
 
-from runtime import nucleus
 from runtime.backends import torch_model
 from runtime.backends.torch_rollout import TorchRolloutBackend
 from runtime.backends.torch_train import TorchTrainingBackend
-from runtime.driver import load_tokenizer
-from runtime.interfaces import GenerationRequest, SamplingParams, TrainBatch, WeightBucket
+from runtime.core import nucleus
+from runtime.core.interfaces import GenerationRequest, SamplingParams, TrainBatch, WeightBucket
+from runtime.node.driver import load_tokenizer
 
 LOGPROB_TOLERANCE = 1e-4  # batched, left-padded, KV-cached sampling vs one padded forward
 

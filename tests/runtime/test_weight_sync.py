@@ -1,4 +1,4 @@
-"""Which path a weight sync takes and which actor ranks take part (runtime/weight_sync.py):
+"""Which path a weight sync takes and which actor ranks take part (runtime/workers/weight_sync.py):
 the decision on its own, from the compiled plans' engines, and on a real Ray with the torch
 pair, whose engines have no vLLM transfer engine and keep the fallback. vLLM's trainer
 engines built from these routes are in tests/oracle/test_vllm_backend.py."""
@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from runtimekit import ROOT, compile_spec, job_config
 
-from runtime import actors, placement, weight_sync
-from runtime.weight_sync import COLLECTIVE_RPC, RankExport
+from runtime.node import placement
+from runtime.workers import actors, weight_sync
+from runtime.workers.weight_sync import COLLECTIVE_RPC, RankExport
 
 CUDA_ALL = RankExport(on_cuda=True, holds_all=True)
 CUDA_RANK0 = RankExport(on_cuda=True, holds_all=False)  # a backend that exports on rank 0 only

@@ -10,13 +10,13 @@ import pytest
 import torch
 from runtimekit import ROOT, compile_spec, job_config
 
-from runtime import weights
 from runtime.backends import torch_model
 from runtime.backends.torch_rollout import TorchRolloutBackend
 from runtime.backends.torch_train import TorchTrainingBackend
 from runtime.backends.vllm_rollout import launch, weight_path, weight_transfer_backend
-from runtime.interfaces import WeightBucket
-from runtime.slices import EngineSlice, JobConfig
+from runtime.core import weights
+from runtime.core.interfaces import WeightBucket
+from runtime.core.slices import EngineSlice, JobConfig
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -200,8 +200,8 @@ def test_a_one_gpu_engine_keeps_vllms_own_executor_and_its_host_the_gpu_share(tm
     [rank] = launch(_engine(plan))
     assert rank.kwargs == {"tensor_parallel_size": 1} and rank.env == {}
     assert rank.host_gpus == 0.2
-    # the host share the driver gives the engine actor agrees (runtime/actors.py)
-    from runtime import actors
+    # the host share the driver gives the engine actor agrees (runtime/workers/actors.py)
+    from runtime.workers import actors
 
     _, _, config = job_config(tmp_path)
     assert actors.engine_host_gpus(config, 0) == rank.host_gpus

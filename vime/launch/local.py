@@ -65,7 +65,7 @@ def run_local(job_dir: Path, nodes: int, gpus_per_node: int, env: dict[str, str]
         devices = _visible_devices(node, gpus_per_node)
         if devices is not None:
             node_env["CUDA_VISIBLE_DEVICES"] = devices
-        argv = [sys.executable, "-m", "runtime.job", "node", "--job-dir", str(job_dir),
+        argv = [sys.executable, "-m", "runtime.node.job", "node", "--job-dir", str(job_dir),
                 "--node", str(node)]
         processes.append(_spawn(argv, job_dir / "logs" / f"node-{node}.log", node_env))
     _record(job_dir, processes)
@@ -74,7 +74,7 @@ def run_local(job_dir: Path, nodes: int, gpus_per_node: int, env: dict[str, str]
 
 
 def run_attached(job_dir: Path, address: str, env: dict[str, str]) -> int:
-    argv = [sys.executable, "-m", "runtime.job", "attach", "--job-dir", str(job_dir),
+    argv = [sys.executable, "-m", "runtime.node.job", "attach", "--job-dir", str(job_dir),
             "--address", address]
     process = _spawn(argv, job_dir / "logs" / "node-0.log", dict(os.environ, **env))
     _record(job_dir, [process])

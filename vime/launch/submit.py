@@ -20,7 +20,7 @@ from vime.emit import build, sbatch
 from vime.launch import jobdir, paths, ports
 from vime.launch.jobdir import JobFolder
 
-DEFAULT_DRIVER = "runtime.driver:run"
+DEFAULT_DRIVER = "runtime.node.driver:run"
 ARTIFACTS = ("resolved.toml", "plan.json", "megatron.args", "vllm.args")
 
 
@@ -107,7 +107,7 @@ def _write_folder(prepared: Prepared, job_id: str) -> JobFolder:
 
 
 def submit_slurm(prepared: Prepared) -> JobFolder:
-    from runtime.job import SlurmEntry
+    from runtime.node.job import SlurmEntry
     from vime.launch import slurm
 
     if not slurm.available():

@@ -12,7 +12,7 @@ vLLM's example, a rank without requests gets a placeholder (here a copy of the f
 request, its output dropped).
 
 `DataParallelEngine` is the backend of an engine's host actor when the engine has dp > 1
-(runtime/actors.py, RolloutWorker.start). It starts one Ray actor per rank, each a
+(runtime/workers/actors.py, RolloutWorker.start). It starts one Ray actor per rank, each a
 RolloutWorker holding the engine's real backend and started with its rank's slice
 (EngineSlice.for_dp_rank), placed on the rank's first bundle of the host's placement group
 with child-task capture (vLLM's Ray executor puts the rank's TP workers on its other
@@ -24,7 +24,7 @@ once (vLLM's DP group forms while the LLMs start).
 - everything else (weights, versions, sleep and wake, fingerprints, the weight-transfer
   steps) goes to every rank concurrently. All ranks of an engine join one NCCL transfer at
   the engine's rank offset (vLLM adds dp_index x TP to it), so they get the same payload.
-- Health: to the supervisor (runtime/supervisor.py) the engine is its host. A rank that died
+- Health: to the supervisor (runtime/workers/supervisor.py) the engine is its host. A rank that died
   makes the host exit, as a vLLM host exits when one of its workers dies, so the supervisor
   sees the engine die and restarts it; the ranks, owned by the host, die with it (Ray's
   fate sharing) and the replacement starts new ones on the same bundles.
@@ -36,16 +36,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from runtime.interfaces import Generation, GenerationRequest, RolloutBackend, SamplingParams
-from runtime.slices import EngineSlice
+from runtime.core.hosts import ENGINE_GPU_SHARE_COLOCATED, split
+from runtime.core.interfaces import Generation, GenerationRequest, RolloutBackend, SamplingParams
+from runtime.core.slices import EngineSlice
 
 
 def rank_batches(requests: Sequence, ranks: int) -> tuple[list[list], list[bool]]:
     """Per rank, the requests it generates, and whether its results are kept: contiguous
     even shares in order; when some rank has work, a rank without any gets a copy of the
     first request (its result dropped), so that every rank steps. No requests: no calls."""
-    from runtime.actors import split
-
     if not requests:
         return [], []
     shares = split(len(requests), ranks)
@@ -55,25 +54,22 @@ def rank_batches(requests: Sequence, ranks: int) -> tuple[list[list], list[bool]
 
 def rank_host_gpus(rank: EngineSlice) -> float:
     """GPU share of a rank's host: none when the rank's TP workers are Ray actors on its
-    bundles (more than one GPU), else the engine host's share (runtime/actors.py)."""
-    from runtime.actors import ENGINE_GPU_SHARE_COLOCATED
-
+    bundles (more than one GPU), else the engine host's share (runtime/core/hosts.py)."""
     if len(rank.gpus) > 1:
         return 0.0
     return ENGINE_GPU_SHARE_COLOCATED if rank.colocated else 1.0
 
 
 class DataParallelEngine(RolloutBackend):
-    def __init__(self, backend_name: str):
+    def __init__(self, backend_name: str, host: type):
         self.backend_name = backend_name
+        self.host = host  # the class of the ranks' hosts: actors.RolloutWorker, the caller's
         self.ranks: list = []
         self.transfer_backend: str | None = None
 
     def start(self, slice: EngineSlice) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from runtime.actors import RolloutWorker
 
         if slice.dp < 2 or slice.dp_rank is not None:
             raise ValueError(f"engine {slice.engine}: a data-parallel engine needs dp > 1 and "
@@ -83,7 +79,7 @@ class DataParallelEngine(RolloutBackend):
                                "actors; this process is not in a Ray cluster")
         self.slice = slice
         group = ray.util.get_current_placement_group()
-        host_cls = ray.remote(RolloutWorker)
+        host_cls = ray.remote(self.host)
 
         def host(rank: EngineSlice):
             options: dict = {"num_cpus": 0, "num_gpus": rank_host_gpus(rank)}

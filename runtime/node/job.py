@@ -11,9 +11,9 @@ job.sbatch; `vime submit --local`: one process per node on this machine):
   custom resource `vime_node_<i>`. After cluster.ray.startup_timeout_s it fails, naming the
   nodes that never joined and their logs; a node whose `ray start` dies fails it at once;
 - the head runs the driver, then writes `ray/done-<attempt>`; every node stops its own Ray
-  (runtime.ray_bootstrap.RayNode.stop: never `ray stop`), the workers first.
+  (runtime.node.ray_bootstrap.RayNode.stop: never `ray stop`), the workers first.
 
-The driver contract (runtime/driver.py, issue 6):
+The driver contract (runtime/node/driver.py, issue 6):
 
     def run(plan: dict, resolved_toml: str, job_dir: pathlib.Path, resume: bool) -> None
 
@@ -25,7 +25,7 @@ to Ray: RAY_ADDRESS holds the job's cluster, so `ray.init()` or `ray.init(addres
 connects to it and to no other job's. [cluster.env] is in os.environ, as on every node.
 An exception fails the job (its traceback is in logs/node-0.log and outcome.json).
 Which driver: launch.json's "driver", `module:function` or `/path/file.py:function`, taken
-from VIME_DRIVER when the job was submitted (default runtime.driver:run).
+from VIME_DRIVER when the job was submitted (default runtime.node.driver:run).
 
 Signals: SIGTERM (scancel, the end of the job) stops this node's Ray and exits. USR2, sent
 120 s before the time limit (or by `scancel --signal=USR2`), goes to submitit's handler on
@@ -50,7 +50,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.ray_bootstrap import (
+from runtime.node.ray_bootstrap import (
     RayNode,
     RayStartupError,
     check_cluster,
@@ -387,7 +387,7 @@ def _attach(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime.job")
+    parser = argparse.ArgumentParser(prog="python -m runtime.node.job")
     verbs = parser.add_subparsers(dest="verb", required=True)
     node = verbs.add_parser("node", help="one node of a `vime submit --local` job")
     node.add_argument("--job-dir", required=True)

@@ -1,7 +1,7 @@
 """One Ray placement group shaped by the plan: a bundle of one GPU per (node, GPU) that the
 plan uses (train.ranks and rollout.engines), ordered by (node, GPU), each pinned to its node.
 
-vime's job gives every Ray node a custom resource `vime_node_<i>` (runtime/ray_bootstrap.py),
+vime's job gives every Ray node a custom resource `vime_node_<i>` (runtime/node/ray_bootstrap.py),
 so a bundle asks for a sliver of it and lands on exactly the plan's node. On a Ray cluster
 without those resources (`--ray-address`, a bare `ray.init()` in tests) the bundles are
 packed, and nodes are numbered as the job does: the head first, then by address.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-NODE_RESOURCE = "vime_node_{}"  # runtime/ray_bootstrap.py
+NODE_RESOURCE = "vime_node_{}"  # runtime/node/ray_bootstrap.py
 PIN = 0.001  # of a vime_node_<i> resource: enough to pin, small enough for any bundle count
 READY_TIMEOUT_S = 300
 

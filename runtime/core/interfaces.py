@@ -1,14 +1,14 @@
 """The two seams of the runtime: a training backend and a rollout backend.
 
-The driver (runtime/loop.py) talks to every backend through these methods only, inside a
-Ray actor per training rank and per rollout engine (runtime/actors.py). Implementations:
+The driver (runtime/rl/loop.py) talks to every backend through these methods only, inside a
+Ray actor per training rank and per rollout engine (runtime/workers/actors.py). Implementations:
 
     training  "torch"     runtime/backends/torch_train.py    (CPU or one GPU, DP over ranks)
               "megatron"  issue 7
     rollout   "torch"     runtime/backends/torch_rollout.py  (one device per engine)
               "vllm"      issue 8
 
-A backend receives its slice of the plan (runtime/slices.py) as frozen, typed data; it never
+A backend receives its slice of the plan (runtime/core/slices.py) as frozen, typed data; it never
 sees the whole spec. docs/runtime.md is the contract in prose, with the call order.
 """
 
@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from runtime.slices import EngineSlice, TrainSlice
+from runtime.core.slices import EngineSlice, TrainSlice
 
 # ----------------------------------------------------------------------------------- rollout
 
@@ -49,12 +49,12 @@ class Generation:
     token_ids: the response tokens, including the stop token when one ended it.
     log_probs: per response token, log p(token) under the distribution it was sampled from:
         softmax(logits / temperature), and with top_p < 1 cut to vLLM's top-p nucleus and
-        renormalised (vLLM's processed log-probs; runtime/nucleus.py, issue 14); greedy
+        renormalised (vLLM's processed log-probs; runtime/core/nucleus.py, issue 14); greedy
         sampling applies no top-p.
     finish_reason: "stop" (a stop token) or "length" (max_new_tokens reached).
     routed_experts: when asked, an integer array [prompt + response tokens - 1, MoE layers,
         top-k]: the experts each token was routed to when it was fed to the model (the last
-        token never is), slime's R3 layout and vLLM's (runtime/routing.py lays it out for
+        token never is), slime's R3 layout and vLLM's (runtime/megatron/routing.py lays it out for
         Megatron's routers); None otherwise.
     """
 

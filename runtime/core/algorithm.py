@@ -6,7 +6,7 @@ hand-computed numbers (tests/runtime/test_algorithm.py).
 Conventions (the ones slime and verl use, noted where they differ):
 - log-probabilities are of the sampled token under the distribution the rollout sampled
   from: softmax(logits / temperature), with top_p < 1 cut to vLLM's nucleus and renormalised
-  (runtime/nucleus.py, issue 14); the rollout backend returns the same quantity, so the two
+  (runtime/core/nucleus.py, issue 14); the rollout backend returns the same quantity, so the two
   can be compared (TIS, the mismatch metric). The entropy stays that of the whole
   softmax(logits / temperature);
 - a loss is a sum over response tokens divided by the number of response tokens of the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.slices import LossConfig
+from runtime.core.slices import LossConfig
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 

@@ -1,7 +1,7 @@
 """The GRPO loop: generate, score, compute advantages and log-probs, train, sync weights,
 log, checkpoint; rollout after rollout.
 
-It talks to the actor and the engines through two groups (runtime/actors.py: Ray actors on
+It talks to the actor and the engines through two groups (runtime/workers/actors.py: Ray actors on
 the plan's GPUs, or in-process for tests) and never to a backend directly. One rollout,
 colocated (the engines and the actor share the GPUs and take turns):
 
@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime import algorithm, rewards
-from runtime.checkpoint import Checkpoints
-from runtime.data import PromptSampler
-from runtime.interfaces import GenerationRequest, SamplingParams, TrainBatch
-from runtime.metrics import MetricsLogger
-from runtime.slices import JobConfig
+from runtime.core import algorithm
+from runtime.core.interfaces import GenerationRequest, SamplingParams, TrainBatch
+from runtime.core.slices import JobConfig
+from runtime.rl import rewards
+from runtime.rl.checkpoint import Checkpoints
+from runtime.rl.data import PromptSampler
+from runtime.rl.metrics import MetricsLogger
 
 # mean |actor - engine| log-prob per response token on the same weights above which the loop
 # says the engine is not generating with them (bf16 engines and actors differ by ~0.01-0.05)
@@ -208,7 +209,8 @@ class GRPOLoop:
                 g.finish_reason == "length" for g in generations),
             "samples": len(generations), "data/epoch": self.sampler.epoch,
         })
-        if hasattr(self.rollout, "restarts"):  # runtime/supervisor.py: engines replaced so far
+        # runtime/workers/supervisor.py: engines replaced so far
+        if hasattr(self.rollout, "restarts"):
             numbers["rollout/engine_restarts"] = sum(self.rollout.restarts)
         numbers.update(_train_numbers(step_stats, config.needs_ref))
         numbers["throughput/generate_tokens_per_s"] = sum(response_lens) / max(

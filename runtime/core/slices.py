@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from runtime import weights
+from runtime.core import weights
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class TrainSlice:
     cpu_threads: int
     args: tuple[str, ...] = ()  # megatron.args of the job folder, for the Megatron backend
     # the rollout's top-p: below 1, log-probs are of the nucleus the engine sampled from,
-    # renormalised (runtime/nucleus.py, issue 14); a default, so slices built by hand
+    # renormalised (runtime/core/nucleus.py, issue 14); a default, so slices built by hand
     # (benchmarks) keep the whole vocabulary
     top_p: float = 1.0
 
@@ -175,7 +175,7 @@ class JobConfig:
     resolved: MappingProxyType = field(repr=False)
     megatron_args: tuple[str, ...] = ()
     vllm_args: tuple[str, ...] = ()
-    # bytes per weight bucket, from plan.json's memory headroom (runtime/weights.py)
+    # bytes per weight bucket, from plan.json's memory headroom (runtime/core/weights.py)
     weight_bucket_bytes: int = weights.BUCKET_FLOOR_BYTES
 
     # ------------------------------------------------------------------------------ build
@@ -344,7 +344,7 @@ def compiled(spec_path: Path, sets=()):
 def compile_job(spec_path: Path, sets=()) -> dict[str, str]:
     """A spec compiled in this process into the files `vime submit` puts in a job folder
     (vime/launch/submit.py: plan.json, resolved.toml, the argument files), for runs and tests
-    that do not go through `vime submit` (runtime/spmd.py). A spec with errors raises
+    that do not go through `vime submit` (runtime/node/torchrun.py). A spec with errors raises
     ValueError listing them."""
     from vime.emit import build
 

@@ -3,13 +3,13 @@ the two groups the loop talks to.
 
 A host wraps a backend and adds what only the runtime knows: which GPU it got, the rank-0
 address for torch.distributed, and pushing exported weights to the engines. On Ray each host
-is an actor pinned to its placement-group bundle (runtime/placement.py); in-process hosts
+is an actor pinned to its placement-group bundle (runtime/node/placement.py); in-process hosts
 (`local=True`) run the same code without Ray, for tests and debugging of one rank and one
 engine.
 
-GPU shares per actor: colocated, a training rank takes 0.4 of its GPU and an engine 0.2
-(slime's numbers), so both fit on one bundle; disaggregated, each takes its whole GPU.
-On a machine without GPUs the GPUs are Ray's logical ones and the backends use the CPU.
+GPU shares per actor (runtime/core/hosts.py): colocated, a training rank takes 0.4 of its GPU
+and an engine 0.2 (slime's numbers), so both fit on one bundle; disaggregated, each takes its
+whole GPU. On a machine without GPUs the GPUs are Ray's logical ones and the backends use the CPU.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 
-from runtime import backends, weight_sync
-from runtime.interfaces import TrainBatch, WeightBucket
-from runtime.slices import EngineSlice, JobConfig, TrainSlice
-from runtime.weight_sync import RankExport, SyncRoute
-
-TRAIN_GPU_SHARE_COLOCATED = 0.4
-ENGINE_GPU_SHARE_COLOCATED = 0.2
+from runtime import backends
+from runtime.core import hosts
+from runtime.core.hosts import ENGINE_GPU_SHARE_COLOCATED, TRAIN_GPU_SHARE_COLOCATED, split
+from runtime.core.hosts import call_all as _call_all
+from runtime.core.interfaces import TrainBatch, WeightBucket
+from runtime.core.slices import EngineSlice, JobConfig, TrainSlice
+from runtime.workers import weight_sync
+from runtime.workers.weight_sync import RankExport, SyncRoute
 
 
 def _where() -> dict:
@@ -123,8 +124,9 @@ class TrainWorker(_Host):
         return sent
 
     def export_traits(self) -> RankExport:
-        """What the choice of a sync path needs to know of this rank (runtime/weight_sync.py).
-        The training backends export on rank 0 by default; a backend with
+        """What the choice of a sync path needs to know of this rank
+        (runtime/workers/weight_sync.py). The training backends export on rank 0 by default;
+        a backend with
         `exports_on_every_rank` (both of vime's: the torch one is data parallel, the
         Megatron gather leaves every full tensor on every rank) yields everything on every
         rank when asked, which vLLM's IPC path needs."""
@@ -173,7 +175,10 @@ class TrainWorker(_Host):
 
 class RolloutWorker(_Host):
     """Host of one rollout engine, or of one vLLM data-parallel rank of an engine. The host
-    of an engine with dp > 1 holds its ranks' hosts (runtime/dp_engine.py)."""
+    of an engine with dp > 1 holds its ranks' hosts (runtime/workers/dp_engine.py)."""
+
+    # in a torchrun world the engines are rank 0's own objects (runtime/core/spmd.py)
+    stays_on_rank_0 = True
 
     def __init__(self, backend_name: str):
         self.backend_name = backend_name
@@ -181,9 +186,10 @@ class RolloutWorker(_Host):
 
     def start(self, slice: EngineSlice) -> None:
         if slice.dp > 1 and slice.dp_rank is None:
-            from runtime.dp_engine import DataParallelEngine
+            from runtime.workers.dp_engine import DataParallelEngine
 
-            self.backend = DataParallelEngine(self.backend_name)
+            # its ranks' hosts are RolloutWorkers too, handed down rather than imported there
+            self.backend = DataParallelEngine(self.backend_name, RolloutWorker)
         self.backend.start(slice)
 
     def where(self) -> dict:
@@ -213,7 +219,7 @@ class RolloutWorker(_Host):
         self.backend.wake(tags)
 
     def ping(self) -> bool:
-        """The supervisor's health check (runtime/supervisor.py): the actor answers (and,
+        """The supervisor's health check (runtime/workers/supervisor.py): the actor answers (and,
         for an engine of several DP ranks, so do its ranks)."""
         return getattr(self.backend, "healthy", lambda: True)()
 
@@ -225,37 +231,14 @@ class RolloutWorker(_Host):
 
 # ------------------------------------------------------------------------------- calling
 
-def _is_ray(handle) -> bool:
-    return hasattr(getattr(handle, "where", None), "remote")
-
-
 def _handle_key(handle):
     """What tells engine hosts apart across calls: a Ray actor's id, else the object."""
     actor_id = getattr(handle, "_actor_id", None)
     return actor_id.hex() if actor_id is not None else id(handle)
 
 
-def _call_all(handles: Sequence, method: str, *args, per_handle: Sequence | None = None):
-    """Call method on every host (Ray actors in parallel) and return the results in order.
-    per_handle: one argument tuple per host instead of the same args for all."""
-    calls = per_handle if per_handle is not None else [args] * len(handles)
-    from runtime import spmd
-
-    if handles and isinstance(handles[0], spmd.RankHandle):  # a torchrun world, from rank 0
-        return spmd.call_all(_SPMD_WORKER[0], method, calls)
-    if handles and _is_ray(handles[0]):
-        import ray
-
-        return ray.get([getattr(h, method).remote(*a) for h, a in zip(handles, calls, strict=True)])
-    return [getattr(h, method)(*a) for h, a in zip(handles, calls, strict=True)]
-
-
-# rank 0's own TrainWorker when the ranks are a torchrun world (spmd_group)
-_SPMD_WORKER: list = [None]
-
-
 def spmd_group(config: JobConfig, rank: int, cpu_threads: int = 1) -> TrainGroup | None:
-    """The training ranks as the processes of one torchrun world (runtime/spmd.py): every
+    """The training ranks as the processes of one torchrun world (runtime/core/spmd.py): every
     process calls this; rank 0 gets the group, the others serve rank 0's calls and get None
     when it stops them."""
     import os
@@ -263,7 +246,7 @@ def spmd_group(config: JobConfig, rank: int, cpu_threads: int = 1) -> TrainGroup
     import torch
     import torch.distributed as dist
 
-    from runtime import spmd
+    from runtime.core import spmd
 
     if not dist.is_initialized():  # torchrun's environment (MASTER_ADDR, RANK, WORLD_SIZE)
         if torch.cuda.is_available():
@@ -275,20 +258,9 @@ def spmd_group(config: JobConfig, rank: int, cpu_threads: int = 1) -> TrainGroup
     if rank != 0:
         spmd.follow(worker)
         return None
-    _SPMD_WORKER[0] = worker
+    hosts.SPMD_WORKER[0] = worker
     return TrainGroup.from_plan([spmd.RankHandle(r) for r in range(len(config.ranks))],
                                 config.ranks)
-
-
-def split(count: int, parts: int) -> list[range]:
-    """count items in `parts` contiguous shares, sizes differing by at most one."""
-    base, extra = divmod(count, parts)
-    out, start = [], 0
-    for index in range(parts):
-        size = base + (index < extra)
-        out.append(range(start, start + size))
-        start += size
-    return out
 
 
 class TrainGroup:
@@ -344,7 +316,7 @@ class TrainGroup:
         return combined
 
     def sync_route(self, rollout: RolloutGroup) -> SyncRoute:
-        """How weights reach these engines (runtime/weight_sync.py), decided on the first
+        """How weights reach these engines (runtime/workers/weight_sync.py), decided on the first
         sync to this set of engines (a replaced engine makes a new set: a new NCCL
         rendezvous) and kept."""
         engines = tuple(_handle_key(h) for h in rollout.workers)
@@ -492,7 +464,7 @@ def engine_host_gpus(config: JobConfig, index: int) -> float:
 
 def new_engine_actor(config: JobConfig, placement, index: int):
     """An (unstarted) engine actor on the bundle of the engine's first GPU; also how the
-    supervisor replaces a dead one (runtime/supervisor.py)."""
+    supervisor replaces a dead one (runtime/workers/supervisor.py)."""
     import ray
 
     engine_share = engine_host_gpus(config, index)

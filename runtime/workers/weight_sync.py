@@ -77,7 +77,8 @@ def route(engine_backends: Sequence[str | None], ranks: Sequence[RankExport],
           same_process: bool = False) -> SyncRoute:
     """The path for engines reporting these transfer backends (None: an engine without
     vLLM's transfer engine) and actor ranks reporting these exports; `same_process`: an
-    engine lives in an actor rank's process (in-process groups, runtime.spmd's rank 0)."""
+    engine lives in an actor rank's process (in-process groups, a torchrun world's rank 0:
+    runtime/core/spmd.py)."""
     world = len(ranks)
     everyone = tuple(range(world))
     kinds = set(engine_backends)

@@ -15,7 +15,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from runtime.slices import DataConfig
+from runtime.core.slices import DataConfig
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ TensorBoard (logging.tensorboard_dir) and Weights & Biases (logging.wandb_projec
 configured. Both are optional imports: a configured logger whose package is missing is
 reported once and skipped, never fatal.
 
-    python -m runtime.metrics <job folder> [<job folder> ...]   # the reward curve as a table
+    python -m runtime.rl.metrics <job folder> [<job folder> ...]   # the reward curve as a table
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ def table(records: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     folders = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
     if not folders:
-        print("usage: python -m runtime.metrics <job folder> [<job folder> ...]", file=sys.stderr)
+        print("usage: python -m runtime.rl.metrics <job folder> [<job folder> ...]",
+              file=sys.stderr)
         return 2
     records = read(folders)
     if not records:

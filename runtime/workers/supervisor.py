@@ -1,6 +1,6 @@
 """Rollout engines under watch: health checks, restarts, retried requests.
 
-`SupervisedRollout` is a `RolloutGroup` (runtime/actors.py) whose calls survive an engine
+`SupervisedRollout` is a `RolloutGroup` (runtime/workers/actors.py) whose calls survive an engine
 dying. An engine is unhealthy when
 
 - a call to it fails because its actor is gone (Ray raises `RayActorError`: the process
@@ -26,7 +26,8 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from runtime.actors import RolloutGroup, split
+from runtime.core.hosts import split
+from runtime.workers.actors import RolloutGroup
 
 MAX_RESTARTS = 3  # per engine and run
 HEALTH_TIMEOUT_S = 60.0  # an idle engine answers a ping in milliseconds
@@ -170,7 +171,7 @@ def supervise(rollout: RolloutGroup, config, placement, cpu_threads: int,
     their bundles with their slices."""
     import ray
 
-    from runtime import actors
+    from runtime.workers import actors
 
     def make_engine(index: int):
         engine = actors.new_engine_actor(config, placement, index)

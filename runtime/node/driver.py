@@ -1,11 +1,11 @@
-"""The job's driver: `runtime.driver:run`, called by runtime/job.py on the head node once
+"""The job's driver: `runtime.node.driver:run`, called by runtime/node/job.py on the head node once
 Ray is up (docs/runtime.md).
 
     run(plan, resolved_toml, job_dir, resume)
 
-reads the plan and resolved spec into slices (runtime/slices.py), connects to the job's Ray
+reads the plan and resolved spec into slices (runtime/core/slices.py), connects to the job's Ray
 cluster, builds the placement group and the actors, restores the last checkpoint when there
-is one, and runs the GRPO loop (runtime/loop.py). Whatever it prints goes to the head
+is one, and runs the GRPO loop (runtime/rl/loop.py). Whatever it prints goes to the head
 node's log (logs/node-0.log); the per-rollout metrics also go to metrics.jsonl.
 """
 
@@ -17,10 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from runtime import backends, rewards
-from runtime.checkpoint import Checkpoints
-from runtime.data import PromptSampler, read_prompts
-from runtime.slices import JobConfig
+from runtime import backends
+from runtime.core.slices import JobConfig
+from runtime.rl import rewards
+from runtime.rl.checkpoint import Checkpoints
+from runtime.rl.data import PromptSampler, read_prompts
 
 
 def log(message: str, **kwargs) -> None:
@@ -58,8 +59,8 @@ def load_tokenizer(config: JobConfig):
 
 def job_loop(config: JobConfig, train, rollout, metrics, log=log):
     """The GRPO loop of a job on given training and rollout groups: its tokenizer, prompts,
-    reward and checkpoint folders (runtime/spmd.py, the in-process loop of the tests)."""
-    from runtime.loop import GRPOLoop
+    reward and checkpoint folders (runtime/node/torchrun.py, the in-process loop of the tests)."""
+    from runtime.rl.loop import GRPOLoop
 
     tokenizer = load_tokenizer(config)
     prompts, _dropped = read_prompts(config.data, tokenizer)
@@ -84,7 +85,7 @@ def cpu_threads_per_actor(config: JobConfig) -> int:
 
 
 def _connect_ray() -> None:
-    """The job's Ray cluster (RAY_ADDRESS, set by runtime/job.py), or the one this process
+    """The job's Ray cluster (RAY_ADDRESS, set by runtime/node/job.py), or the one this process
     already joined (tests)."""
     import ray
 
@@ -97,9 +98,10 @@ def _connect_ray() -> None:
 
 
 def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
-    from runtime import actors, placement, supervisor
-    from runtime.loop import GRPOLoop
-    from runtime.metrics import MetricsLogger
+    from runtime.node import placement
+    from runtime.rl.loop import GRPOLoop
+    from runtime.rl.metrics import MetricsLogger
+    from runtime.workers import actors, supervisor
 
     started = time.perf_counter()
     config = JobConfig.from_job(plan, resolved_toml, job_dir)

@@ -1,0 +1,52 @@
+"""Calling a set of hosts, sharing work between them, and the GPU share each takes: what the
+workers that drive the hosts (runtime/workers/) and a backend that calls engines itself
+(runtime/backends/vllm_weights.py) both need, so it lives below both (issue 20).
+
+A host is a training rank's or an engine's TrainWorker / RolloutWorker
+(runtime/workers/actors.py): a Ray actor, an in-process object, or a rank of a torchrun world
+(runtime/core/spmd.py).
+
+GPU shares per actor: colocated, a training rank takes 0.4 of its GPU and an engine 0.2
+(slime's numbers), so both fit on one bundle; disaggregated, each takes its whole GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+TRAIN_GPU_SHARE_COLOCATED = 0.4
+ENGINE_GPU_SHARE_COLOCATED = 0.2
+
+
+def _is_ray(handle) -> bool:
+    return hasattr(getattr(handle, "where", None), "remote")
+
+
+def call_all(handles: Sequence, method: str, *args, per_handle: Sequence | None = None):
+    """Call method on every host (Ray actors in parallel) and return the results in order.
+    per_handle: one argument tuple per host instead of the same args for all."""
+    calls = per_handle if per_handle is not None else [args] * len(handles)
+    from runtime.core import spmd
+
+    if handles and isinstance(handles[0], spmd.RankHandle):  # a torchrun world, from rank 0
+        return spmd.call_all(SPMD_WORKER[0], method, calls)
+    if handles and _is_ray(handles[0]):
+        import ray
+
+        return ray.get([getattr(h, method).remote(*a) for h, a in zip(handles, calls, strict=True)])
+    return [getattr(h, method)(*a) for h, a in zip(handles, calls, strict=True)]
+
+
+# rank 0's own TrainWorker when the ranks are a torchrun world (actors.spmd_group sets it)
+SPMD_WORKER: list = [None]
+
+
+def split(count: int, parts: int) -> list[range]:
+    """count items in `parts` contiguous shares, sizes differing by at most one."""
+    base, extra = divmod(count, parts)
+    out, start = [], 0
+    for index in range(parts):
+        size = base + (index < extra)
+        out.append(range(start, start + size))
+        start += size
+    return out
