@@ -167,6 +167,17 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not wrong, "imports against the layers (runtime/README.md):\n  " + "\n  ".join(wrong)
 
 
+def test_the_old_paths_only_point_at_their_new_place():
+    """Nothing in runtime/ imports a shim, and each shim imports its new module only."""
+    edges = graph()
+    users = [f"{n} imports {t}" for n, targets in sorted(edges.items()) if n not in SHIMS
+             for t in sorted(targets & SHIMS)]
+    assert not users
+    for shim in sorted(SHIMS):
+        assert shim in edges, f"{shim}: listed as a shim, but there is no such module"
+        assert edges[shim] and not edges[shim] & SHIMS, shim
+
+
 def test_the_cycle_finder_names_a_circle():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert cycles(edges) == [["a", "b", "c", "a"]]
