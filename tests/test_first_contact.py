@@ -67,6 +67,15 @@ def test_plan_of_one_gpu_is_singular(capsys):
     assert "(s)" not in out and "1 GPUs" not in out
 
 
+def test_batch_counts_of_one_are_singular(capsys):
+    out = _plan(SEED, "rollout.batch_size=1", "rollout.n_samples_per_prompt=1",
+                "train.global_batch_size=1", "train.dynamic_batch=false", "train.parallel.tp=8",
+                "rollout.num_rollout=1", capsys=capsys)[1]
+    assert "  1 prompt × 1 sample = 1 sample per rollout = 1 step × global batch 1\n" in out
+    assert "  1 sample per dp rank per step = 1 micro-batch of 1\n" in out
+    assert "  1 rollout → 1 optimizer step\n" in out and "each engine 1 sample)" in out
+
+
 def test_torch_backends_plan_no_vllm_memory_and_no_h100(capsys):
     out = _plan(TINY, capsys=capsys)[1]
     assert "H100" not in out and "79.6 GiB" not in out

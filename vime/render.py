@@ -161,18 +161,20 @@ def plan_text(plan: Plan) -> str:
             f"{plural(spec.inference.gpus_per_engine, 'GPU')}"]
     out += _engine_lines(plan, numbers)
     out += ["", "batch"]
-    out.append(f"  {batch.rollout_batch_size} prompts × {batch.n_samples_per_prompt} samples = "
-               f"{batch.samples_per_rollout} samples per rollout = "
+    out.append(f"  {plural(batch.rollout_batch_size, 'prompt')} × "
+               f"{plural(batch.n_samples_per_prompt, 'sample')} = "
+               f"{plural(batch.samples_per_rollout, 'sample')} per rollout = "
                f"{plural(batch.steps_per_rollout, 'step')} "
                f"× global batch {batch.global_batch_size}")
     if batch.dynamic_batch:
-        out.append(f"  {batch.samples_per_dp_rank} samples per dp rank per step, packed into "
+        out.append(f"  {plural(batch.samples_per_dp_rank, 'sample')} per dp rank per step, packed into "
                    f"micro-batches of ≤ {batch.max_tokens_per_gpu} tokens per GPU (dynamic)")
     else:
-        out.append(f"  {batch.samples_per_dp_rank} samples per dp rank per step = "
-                   f"{batch.micro_batches_per_step} micro-batches of {batch.micro_batch_size}")
-    out.append(f"  {spec.rollout.num_rollout} rollouts → {spec.rollout.num_rollout * batch.steps_per_rollout} "
-               "optimizer steps")
+        out.append(f"  {plural(batch.samples_per_dp_rank, 'sample')} per dp rank per step = "
+                   f"{plural(batch.micro_batches_per_step, 'micro-batch', 'micro-batches')} of "
+                   f"{batch.micro_batch_size}")
+    out.append(f"  {plural(spec.rollout.num_rollout, 'rollout')} → "
+               f"{plural(spec.rollout.num_rollout * batch.steps_per_rollout, 'optimizer step')}")
     out += _memory_text(plan)
     return "\n".join(out) + "\n"
 
@@ -200,7 +202,7 @@ def _memory_text(plan: Plan) -> list[str]:
             out.append(line if len(line) <= WIDTH else line[: WIDTH - 1] + "…")
     out.append(f"  KV cache: {roll.kv_tokens} tokens per DP rank = {roll.sequences_at_once} "
                f"sequences of {roll.max_len} tokens at once per engine")
-    out.append(f"            (a rollout gives each engine {roll.samples_per_engine} samples)")
+    out.append(f"            (a rollout gives each engine {plural(roll.samples_per_engine, 'sample')})")
     if mem.host_terms:
         # the same total and parts as V804 (vime/check/memory.py) compares with the node
         if mem.host_capacity is not None:
