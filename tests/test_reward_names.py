@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from specsupport import ROOT, run_spec
@@ -68,3 +69,16 @@ def test_pythonpath_of_cluster_env_is_searched(tmp_path):
     (tmp_path / "cluster_only.py").write_text("def score(**kw):\n    return 0.0\n")
     assert _reward("cluster_only:score", f'cluster.env.PYTHONPATH="{tmp_path}"') == []
     assert [d.code for d in _reward("cluster_only:score")] == ["V907"]
+
+
+def test_the_repositorys_own_reward_module_is_found_by_the_installed_vime(tmp_path):
+    # `vime` as installed (editable here, as `make` installs it) from another folder: its
+    # packages come through the editable finder, not a path entry; the toy specs' reward
+    # (runtime.toy:reward) drew a false V907 from every demo spec before
+    import subprocess
+
+    vime = Path(sys.executable).with_name("vime")
+    for name in ("tiny_cpu.toml", "tiny_h200.toml"):
+        done = subprocess.run([str(vime), "plan", str(ROOT / "specs" / name)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert "V907" not in done.stdout + done.stderr, done.stdout[-2000:]

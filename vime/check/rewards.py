@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.machinery
+import importlib.util
 import os
 import sys
 from pathlib import Path as FsPath
@@ -53,6 +54,10 @@ def _module_file(module: str, search: list[str]) -> tuple[str | None, str | None
     parts = module.split(".")
     for depth, part in enumerate(parts):
         found = importlib.machinery.PathFinder.find_spec(part, path)
+        if found is None and depth == 0:
+            # an editable install maps its packages through a finder of its own, not a path
+            # entry; asking the import system for a top-level name runs no package's code
+            found = importlib.util.find_spec(part)
         if found is None:
             where = ".".join(parts[:depth]) or "the Python path"
             return None, f"no module {'.'.join(parts[:depth + 1])!r} in {where}"
