@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import types
 
 import pytest
 from specsupport import ROOT
@@ -146,10 +145,9 @@ def test_an_ended_local_job_is_not_told_to_follow(tmp_path, monkeypatch, capsys)
     from vime.launch import submit
 
     folder = _job(tmp_path, nodes=1)
-    monkeypatch.setattr(submit, "prepare", lambda *a, **k: types.SimpleNamespace(
-        experiment_dir=tmp_path))
-    monkeypatch.setattr(submit, "submit_local", lambda prepared: (folder, 0))
-    assert main(["submit", "--local", str(TINY)]) == 0
+    monkeypatch.setattr(submit, "submit_local", lambda prepared, *hooks: (folder, 0))
+    assert main(["submit", "--local", str(TINY), "--set",
+                 f'experiment.output_dir="{tmp_path}"']) == 0
     out = capsys.readouterr().out
     assert "job local-1 succeeded" in out and "follow" not in out
 

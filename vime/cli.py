@@ -1,5 +1,6 @@
 """`vime` command line. Exit codes: 0 ok, 1 problems in the spec, 2 usage, 3 internal error,
-4 a job run here (`submit --local`, `--ray-address`) failed."""
+4 a job run here (`submit --local`, `--ray-address`) failed or was cancelled; such a job
+stopped by Ctrl-C exits 130, by SIGHUP 129, by SIGTERM 143 (128 + the signal)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the driver on this running Ray cluster (after checking its GPUs)")
     where.add_argument("--dry-run", action="store_true",
                        help="print the sbatch script and the Ray port plan; submit nothing")
+    submit.add_argument("--fresh", action="store_true",
+                        help="start a new run (experiment.name-2, -3, ...) beside the old one "
+                        "instead of resuming its checkpoint; nothing is deleted")
+    submit.add_argument("--quiet", action="store_true",
+                        help="--local / --ray-address: no progress, only the outcome")
     status = verbs.add_parser("status", help="state of a submitted job (squeue, then sacct)")
     status.add_argument("job", help="Slurm job id or job folder")
     logs = verbs.add_parser("logs", help="a node's log of a submitted job")
@@ -161,42 +167,154 @@ def cmd_explain(args) -> int:
 
 def cmd_submit(args) -> int:
     from vime.emit import plan_json
-    from vime.launch import submit
+    from vime.launch import resume, submit
 
     source, result = _load(args)
     _print_diagnostics(result, args.format)
     if not result.ok:
         return EXIT_SPEC
-    obj = plan_json.plan_object(source.name, result.diagnostics, result.spec, result.plan)
     launcher = "local" if args.local else "ray-address" if args.ray_address else "slurm"
     try:
-        prepared = submit.prepare(result, source.name, source.text, obj, launcher)
+        prepared = submit.prepare(result, source.name, source.text,
+                                  plan_json.plan_object(source.name, result.diagnostics,
+                                                        result.spec, result.plan), launcher)
         if args.dry_run:
             sys.stdout.write(submit.dry_run_text(prepared))
             return EXIT_OK
+        if args.fresh:
+            source, result, prepared = _fresh(args, prepared, launcher)
+        spec = prepared.plan.spec
+        start = resume.start_point(spec, prepared.experiment_dir)
+        if start.next_rollout >= spec.rollout.num_rollout:
+            # said before Ray starts or the job queues (issue 15: 38 s of Ray to say it)
+            print(f"vime: {spec.experiment.name} is finished: its checkpoint "
+                  f"{start.checkpoint} is at rollout {start.next_rollout} of "
+                  f"rollout.num_rollout = {spec.rollout.num_rollout}; nothing to run. Raise "
+                  "rollout.num_rollout to train on, or --fresh for a new run beside it.")
+            return EXIT_OK
         if launcher == "slurm":
             folder = submit.submit_slurm(prepared)
-        else:
-            print(f"vime: running {result.spec.experiment.name} here ({launcher}); logs in "
-                  f"{prepared.experiment_dir}/<job id>/logs/", flush=True)
-            folder, code = (submit.submit_local(prepared) if args.local
-                            else submit.submit_attached(prepared, args.ray_address))
+            return _submitted(folder, result, start)
+        _preflight_here(prepared, source, args.ray_address)
+        return _run_here(args, prepared, start, launcher)
     except submit.SubmitError as err:
         raise UsageError(str(err)) from None
+
+
+def _fresh(args, prepared, launcher: str):
+    """--fresh: the same spec under experiment.name = <name>-<n>, a new run folder beside
+    the old one; nothing of the old run is touched."""
+    from vime.emit import plan_json
+    from vime.launch import resume, submit
+
+    spec = prepared.plan.spec
+    if spec.model.load or spec.model.save:
+        start = resume.start_point(spec, prepared.experiment_dir)
+        if start.checkpoint is not None:
+            key = "model.load" if spec.model.load else "model.save"
+            raise UsageError(f"--fresh: {key} = {start.load_dir} holds checkpoint "
+                             f"{start.checkpoint.name}, which every run of this spec resumes "
+                             f"from; set {key} to another folder to start fresh")
+    name = resume.fresh_name(str(prepared.experiment_dir.parent), spec.experiment.name)
+    args.sets = [*args.sets, f'experiment.name="{name}"']
+    source, result = _load(args)
+    if not result.ok:  # the name is valid and unique: nothing else changed
+        _print_diagnostics(result, args.format)
+        raise UsageError("--fresh: the spec did not compile under its new name")
+    prepared = submit.prepare(result, source.name, source.text, plan_json.plan_object(
+        source.name, result.diagnostics, result.spec, result.plan), launcher)
+    print(f"vime: --fresh: a new run {name} in {prepared.experiment_dir} (the old one stays; "
+          f"resume this one with --set experiment.name={name})", flush=True)
+    return source, result, prepared
+
+
+def _preflight_here(prepared, source, ray_address: str | None) -> None:
+    """What the job would fail on after Ray's start, checked before it (issue 15)."""
+    from vime.launch import local, submit
+
+    if ray_address:
+        problem = local.unreachable(ray_address)
+        if problem:
+            raise UsageError(problem)
+        return
+    if prepared.launch["driver"] != submit.DEFAULT_DRIVER:
+        return  # another driver (VIME_DRIVER) may read no prompts
+    from runtime.core.slices import _path
+
+    # the node's own check and message (runtime/core/slices.py), from the same folders
+    try:
+        prompts = _path(prepared.plan.spec.data.prompt_data, Path(source.name).resolve().parent,
+                        must_exist=True)
+        with open(prompts, "rb"):
+            pass
+    except FileNotFoundError as err:
+        raise UsageError(f"data.prompt_data: {err}") from None
+    except OSError as err:
+        raise UsageError(f"data.prompt_data: {prompts}: {err.strerror}") from None
+
+
+def _submitted(folder, result, start) -> int:
     job_id = folder.info["job_id"]
-    if launcher == "slurm":
-        print(f"submitted job {job_id}: {plural(result.spec.cluster.nodes, 'node')} × "
-              f"{plural(result.spec.cluster.gpus_per_node, 'GPU')}")
+    print(f"submitted job {job_id}: {plural(result.spec.cluster.nodes, 'node')} × "
+          f"{plural(result.spec.cluster.gpus_per_node, 'GPU')}\n"
+          f"job folder  {folder.path}\n"
+          f"logs        {folder.path / 'logs'}/node-0.log (head and driver), node-<i>.log\n"
+          f"start       {start.describe(result.spec.rollout.num_rollout)}\n"
+          f"follow      vime status {job_id}")
+    return EXIT_OK
+
+
+def _run_here(args, prepared, start, launcher: str) -> int:
+    from vime.launch import progress, resume, submit
+
+    spec = prepared.plan.spec
+    total = spec.rollout.num_rollout
+    quiet = args.quiet
+    shown = progress.Progress(prepared.experiment_dir, total, quiet=quiet)  # until on_start
+
+    def on_start(folder) -> None:
+        nonlocal shown
+        shown = progress.Progress(folder.path, total, quiet=quiet)
+        where = "here, one process per node" if launcher == "local" else \
+            f"on the Ray cluster at {args.ray_address}"
+        shown.say(f"vime: job {folder.info['job_id']}: {spec.experiment.name}, "
+                  f"{plural(spec.cluster.nodes, 'node')} × "
+                  f"{plural(spec.cluster.gpus_per_node, 'GPU')}, {where}\n"
+                  f"  folder  {folder.path}\n"
+                  f"  logs    {folder.path / 'logs'}/node-0.log (head and driver)\n"
+                  f"  {start.describe(total)}")
+
+    def on_poll() -> None:
+        shown.poll()
+
+    folder, code = (submit.submit_local(prepared, on_start, on_poll) if args.local
+                    else submit.submit_attached(prepared, args.ray_address, on_start, on_poll))
+    job_id = folder.info["job_id"]
+    outcome = folder.read_json("outcome.json") or {}
+    state = outcome.get("state") or ("succeeded" if code == 0 else "failed")
+    did = shown.summary()
+    log = folder.path / "logs" / "node-0.log"
+    if state == "succeeded":
+        print(f"job {job_id} succeeded" + (f": {did}" if did else ""))
+    elif state in ("interrupted", "terminated", "cancelled"):
+        after = resume.start_point(spec, prepared.experiment_dir)
+        how = {"interrupted": "interrupted", "terminated": "terminated (SIGTERM)",
+               "cancelled": "cancelled (vime cancel)"}[state]
+        last = shown.records[-1]["rollout"] if shown.records else None
+        print(f"job {job_id} {how}" + (f" after rollout {last}" if last is not None else "")
+              + "; the next `vime submit` of this spec "
+              + (f"resumes from rollout {after.next_rollout} (checkpoint {after.checkpoint})"
+                 if after.checkpoint else "starts fresh (no checkpoint yet)"))
     else:
-        outcome = folder.read_json("outcome.json") or {}
-        print(f"job {job_id} {'succeeded' if code == 0 else 'failed'}"
-              + (f": {outcome['error']}" if outcome.get("error") else ""))
-    print(f"job folder  {folder.path}\n"
-          f"logs        {folder.path / 'logs'}/node-0.log (head and driver), node-<i>.log")
+        error = outcome.get("error") or ""
+        print(f"job {job_id} failed" + (f": {error}" if error else "")
+              + ("" if str(log) in error else f"\n  full log: {log}"))
+    if not quiet or state != "succeeded":
+        print(f"job folder  {folder.path}")
     # a local or attached job has ended by now: there is nothing left to follow
-    if launcher == "slurm":
-        print(f"follow      vime status {job_id}")
-    return EXIT_OK if launcher == "slurm" or code == 0 else EXIT_JOB_FAILED
+    if code == 0:
+        return EXIT_OK
+    return code if code in (129, 130, 143) else EXIT_JOB_FAILED
 
 
 def cmd_convert(args) -> int:
@@ -271,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vime: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        print("vime: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return EXIT_OK

@@ -50,6 +50,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.node.errors import one_line
 from runtime.node.ray_bootstrap import (
     RayNode,
     RayStartupError,
@@ -117,8 +118,19 @@ class _Terminated(SystemExit):
 
 
 def _on_sigterm(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the teardown must not be interrupted
+    # once: the teardown must not be interrupted
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise _Terminated(128 + signum)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM (scancel) and SIGINT stop this node's Ray and exit. The local launcher and `vime
+    cancel` send SIGINT (vime/launch/local.py): once the driver has called ray.init(), Ray's
+    C++ failure handler takes SIGTERM, prints `*** SIGTERM received` and ends the process
+    without this teardown, leaving its Ray to the launcher's sweep."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigterm)
 
 
 # -------------------------------------------------------------------------------- the node
@@ -128,7 +140,7 @@ def run_node(ctx: NodeContext) -> None:
     launch = json.loads((ctx.job_dir / "launch.json").read_text())
     os.environ.update(launch["env"])  # [cluster.env]; job.sbatch exported them already
     default_auth_mode(os.environ)  # for `ray start`, its workers and the driver alike
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _stop_on_signals()
     ray_cfg = launch["ray"]
     plan = port_plan.plan(ctx.job_id, ray_cfg["port"], ray_cfg["dashboard_port"],
                           launch["fixed_head_ports"])
@@ -193,10 +205,11 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         outcome["state"] = "requeued"
         raise
     except BaseException as err:
-        outcome["error"] = f"{type(err).__name__}: {err}"
+        outcome["error"] = one_line(err, ctx.job_dir, ctx.job_dir / "logs" / "node-0.log")
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         outcome["finished"] = time.time()
         _write_json(ray_dir / f"done-{ctx.attempt}", {"state": outcome["state"]})
         _wait_for_workers(ctx)
@@ -365,7 +378,7 @@ def _attach(args) -> int:
     job_dir = Path(args.job_dir)
     launch = json.loads((job_dir / "launch.json").read_text())
     os.environ.update(launch["env"])
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _stop_on_signals()
     outcome = {"attempt": 0, "state": "failed", "error": None}
     try:
         problem = check_cluster(args.address, launch["nodes"], launch["gpus_per_node"])
@@ -378,7 +391,7 @@ def _attach(args) -> int:
                (job_dir / "resolved.toml").read_text(), job_dir, args.resume)
         outcome["state"] = "succeeded"
     except BaseException as err:
-        outcome["error"] = f"{type(err).__name__}: {err}"
+        outcome["error"] = one_line(err, job_dir, job_dir / "logs" / "node-0.log")
         raise
     finally:
         outcome["finished"] = time.time()

@@ -5,7 +5,11 @@ check     checks the Ray cluster the job built: alive nodes, GPUs, and a placeme
           task that sees its own GPU; writes driver.json in the job folder.
 progress  counts VIME_TEST_STEPS steps of VIME_TEST_STEP_S seconds, recording each in
           progress.json, and on resume continues from the last recorded step.
+rollouts  the GRPO loop's outputs without its model: a Ray actor kept busy, then every
+          VIME_TEST_STEP_S seconds one rollout (a metrics.jsonl record and the loop's console
+          line), a checkpoint of the loop's format every 3 rollouts, VIME_TEST_STEPS rollouts.
 fail      raises, for the failure paths.
+actor_fails  a Ray actor's method raises, as a backend's would.
 """
 
 from __future__ import annotations
@@ -74,3 +78,55 @@ def progress(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> Non
 
 def fail(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     raise RuntimeError("the test driver fails on purpose")
+
+
+def rollouts(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
+    import ray
+
+    ray.init(address="auto", logging_level="WARNING")
+
+    @ray.remote(num_cpus=0)
+    class Busy:
+        def spin(self) -> None:
+            while True:
+                time.sleep(0.1)
+
+    busy = Busy.remote()
+    busy.spin.remote()
+    checkpoints = job_dir.parent / "checkpoints"
+    steps, step_s = int(os.environ.get("VIME_TEST_STEPS", "6")), float(
+        os.environ.get("VIME_TEST_STEP_S", "0.3"))
+    for rollout in range(steps):
+        time.sleep(step_s)
+        with open(job_dir / "metrics.jsonl", "a") as out:
+            out.write(json.dumps({"rollout": rollout, "reward/mean": 0.1 * rollout,
+                                  "response_len/mean": 7.5, "time/generate": 0.1,
+                                  "time/train": 0.2, "time/rollout": step_s,
+                                  "throughput/generate_tokens_per_s": 100.0}) + "\n")
+        print(f"rollout {rollout:5d} | reward {0.1 * rollout:.3f}", flush=True)
+        if rollout % 3 == 2:
+            folder = checkpoints / f"rollout_{rollout:06d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            _write(folder / "state.json", {"format": 1, "rollout": rollout,
+                                           "next_rollout": rollout + 1})
+            (checkpoints / "latest").write_text(folder.name + "\n")
+    ray.kill(busy)
+
+
+def actor_fails(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
+    import ray
+
+    ray.init(address="auto", logging_level="WARNING")
+
+    @ray.remote(num_cpus=0)
+    class TrainWorker:
+        def where(self) -> dict:
+            return {"pid": os.getpid(), "host": "testhost"}
+
+        def load(self, path: str) -> None:
+            raise ValueError(f"size mismatch for {path}: [4, 64] vs [8, 64]\nmore")
+
+    worker = TrainWorker.remote()
+    _write(job_dir / "placement.json", {"train": [ray.get(worker.where.remote())],
+                                        "rollout": []})
+    ray.get(worker.load.remote("model.embed"))

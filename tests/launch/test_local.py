@@ -47,6 +47,21 @@ def test_a_failing_driver_fails_the_job_and_says_why(tmp_path):
     assert "the test driver fails on purpose" in done.stdout
 
 
+def test_an_actor_error_reaches_the_terminal_as_one_clean_line(tmp_path):
+    # issue 15: `RayTaskError(RuntimeError): [36mray::TrainWorker.load()[39m` and 25 lines
+    done = vime("submit", str(SMOKE), "--local",
+                *spec_sets(tmp_path, nodes=1, gpus_per_node=2),
+                env={"VIME_DRIVER": f"{DRIVERS}:actor_fails"})
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "\x1b[" not in done.stdout + done.stderr
+    [folder] = (tmp_path / "qwen3-30b-a3b-smoke").glob("local-*")
+    [failed] = [line for line in done.stdout.splitlines() if " failed" in line]
+    assert failed == (f"job {folder.name} failed: TrainWorker.load failed on training rank 0 on "
+                      "testhost: ValueError: size mismatch for model.embed: [4, 64] vs [8, 64] "
+                      f"(full traceback in {folder / 'logs' / 'node-0.log'})"), done.stdout
+    assert "Traceback" in (folder / "logs" / "node-0.log").read_text()
+
+
 @pytest.mark.parametrize("auth_mode", [None, "token"])
 def test_a_ray_auth_token_in_home_does_not_break_local(tmp_path, monkeypatch, auth_mode):
     # Ray 2.60's plain ray.init() leaves ~/.ray/auth_token; `ray start --head` then turned

@@ -26,12 +26,22 @@ def _submit(output, *sets):
     jobs = sorted((output / "tiny-cpu").glob("local-*"), key=lambda p: p.stat().st_mtime)
     assert done.returncode == 0, done.stdout + done.stderr + (
         (jobs[-1] / "logs" / "node-0.log").read_text() if jobs else "")
-    return jobs[-1]
+    return jobs[-1], done.stdout
 
 
 def test_tiny_cpu_learns_checkpoints_and_resumes(tmp_path):
-    first = _submit(tmp_path)
+    first, terminal = _submit(tmp_path)
     log = (first / "logs" / "node-0.log").read_text()
+    # what the person who ran it saw (issue 15): the job, a fresh start, a line per rollout
+    # with its progress, and a summary
+    lines = terminal.splitlines()
+    assert lines[0].startswith(f"vime: job {first.name}: tiny-cpu, 1 node × 1 GPU"), terminal
+    assert "  starting fresh (no checkpoint in" in lines[3], terminal
+    shown = [line for line in lines if line.startswith("rollout ")]
+    assert len(shown) == ROLLOUTS and shown[-1].startswith(f"rollout 19 | 20/{ROLLOUTS} [####")
+    assert all(" tok/s | gen " in line and " train " in line and "ETA " in line
+               for line in shown), shown
+    assert f"job {first.name} succeeded: rollouts 0 to 19 of {ROLLOUTS} in " in terminal
     records = metrics(first)
     assert [r["rollout"] for r in records] == list(range(ROLLOUTS)), log
     rewards = [r["reward/mean"] for r in records]
@@ -50,8 +60,10 @@ def test_tiny_cpu_learns_checkpoints_and_resumes(tmp_path):
     # The job dies after rollout 15, say: its last checkpoint is the one after rollout 9.
     shutil.rmtree(checkpoints / "rollout_000019")
     (checkpoints / "latest").write_text("rollout_000009\n")
-    second = _submit(tmp_path)
+    second, terminal = _submit(tmp_path)
     assert second != first
+    assert (f"resuming from rollout 10 of {ROLLOUTS} (checkpoint "
+            f"{checkpoints / 'rollout_000009'})") in terminal
     assert "resumed from" in (second / "logs" / "node-0.log").read_text()
     again = metrics(second)
     assert [r["rollout"] for r in again] == list(range(10, ROLLOUTS))

@@ -7,7 +7,7 @@ leave squeue after MinJobAge)."""
 from __future__ import annotations
 
 import os
-import signal
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -22,25 +22,42 @@ class FollowError(Exception):
 
 
 def find(job: str) -> JobFolder:
+    """A job folder, or a job id from any folder: the ids `vime submit` remembered
+    (jobdir.remember: Slurm, local and --ray-address runs), then job folders of that name
+    under this folder (build/runs/<experiment>/<id>, ...), then, for Slurm ids, Slurm's own
+    working directory of the job."""
     path = Path(job).expanduser()
     if path.is_dir():
         if is_job_folder(path):
             return JobFolder(path.resolve())
         raise FollowError(f"{job} is a folder but not a vime job folder (no job.json)")
+    if "/" not in job:
+        for candidate in (remembered(job), *_under_here(job)):
+            if candidate is not None and is_job_folder(candidate) and \
+                    JobFolder(candidate).info.get("job_id") == job:
+                return JobFolder(candidate)
     if not job.isdigit():
-        raise FollowError(f"{job!r} is neither a job folder nor a Slurm job id "
-                          "(local and --ray-address runs are found by their folder)")
+        raise FollowError(f"no job {job!r}: not a job folder, not a job this machine submitted "
+                          "and no folder of that name under this one; give its job folder "
+                          "(<output_dir>/<experiment.name>/<job id>)")
     if not slurm.available():
         raise FollowError(f"no Slurm here to look job {job} up; give its job folder instead")
     found = slurm.state(job)
     if found.source == "none":
         raise FollowError(f"Slurm knows no job {job} (not in squeue, nor in sacct)")
-    for candidate in (Path(found.workdir) / job, remembered(job)):
-        if candidate is not None and is_job_folder(candidate) and \
-                JobFolder(candidate).info.get("job_id") == job:
-            return JobFolder(candidate)
+    candidate = Path(found.workdir) / job
+    if is_job_folder(candidate) and JobFolder(candidate).info.get("job_id") == job:
+        return JobFolder(candidate)
     raise FollowError(f"job {job} is not a vime job, or its folder is gone (Slurm's working "
                       f"directory: {found.workdir}); give its job folder instead")
+
+
+def _under_here(job: str, depth: int = 4) -> list[Path]:
+    """Folders named job at most depth levels below this one (the repository root holds
+    build/runs/<experiment>/<job id>)."""
+    here = Path.cwd()
+    return [found for level in range(depth)
+            for found in sorted(here.glob("/".join(["*"] * level + [job])))]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -75,6 +92,18 @@ def live_state(folder: JobFolder) -> tuple[str, bool, str]:
     return "ENDED", True, f"{info['launcher']}, no outcome recorded"
 
 
+def _name(folder: JobFolder) -> str:
+    """How to name the job in a command that works from any folder: its id when find() leads
+    back to this folder, else the folder itself."""
+    job_id = folder.info["job_id"]
+    try:
+        if find(job_id).path.resolve() == folder.path.resolve():
+            return job_id
+    except (FollowError, slurm.SlurmError, OSError):
+        pass
+    return shlex.quote(str(folder.path))
+
+
 def status_text(folder: JobFolder) -> str:
     info = folder.info
     state, _, detail = live_state(folder)
@@ -99,7 +128,7 @@ def status_text(folder: JobFolder) -> str:
         if outcome.get("error"):
             line += f": {outcome['error']}"
         lines.append(line)
-    lines.append(f"  logs       {folder.path / 'logs'}/node-<i>.log (vime logs {info['job_id']} "
+    lines.append(f"  logs       {folder.path / 'logs'}/node-<i>.log (vime logs {_name(folder)} "
                  "[-f] [--node N])")
     return "\n".join(lines) + "\n"
 
@@ -137,14 +166,23 @@ def logs(folder: JobFolder, node: int, follow: bool, out=sys.stdout) -> int:
 
 
 def cancel(folder: JobFolder) -> str:
+    """Slurm: scancel. Here: the local launcher's stop (vime/launch/local.py), from this
+    process: SIGINT to the node processes, SIGKILL to whatever of the job is left after the
+    grace period, the temp folders removed, outcome `cancelled`; the job's launcher, if it
+    still runs, reads cancel.json and says so."""
     info = folder.info
     if info["launcher"] == "slurm":
         slurm.cancel(info["job_id"])
         return f"cancelled job {info['job_id']} (scancel; each node stops its own Ray)"
-    local = folder.read_json("local.json") or {}
-    alive = [pid for pid in local.get("pids", []) if _pid_alive(pid)]
-    for pid in alive:
-        os.kill(pid, signal.SIGTERM)
+    from vime.launch import local as local_launcher
+
+    pids = (folder.read_json("local.json") or {}).get("pids", [])
+    alive = [pid for pid in pids if _pid_alive(pid) and local_launcher.alive(pid)]
     if not alive:
         return f"job {info['job_id']} is not running"
-    return f"cancelled job {info['job_id']} (SIGTERM to {len(alive)} node process(es))"
+    (folder.path / "cancel.json").write_text(f'{{"by": "vime cancel", "at": {time.time()}}}\n')
+    started = time.time()
+    local_launcher.stop_job(info["job_id"], alive)
+    local_launcher.write_outcome(folder.path, "cancelled")
+    return (f"cancelled job {info['job_id']}: {len(alive)} node process(es) and their Ray "
+            f"stopped in {time.time() - started:.1f} s")

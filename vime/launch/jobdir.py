@@ -47,8 +47,10 @@ class JobFolder:
 
 
 def registry() -> Path:
-    """Where `vime submit` remembers Slurm job id -> job folder, for ids whose folder Slurm
-    itself cannot say (sacct mangles quotes in WorkDir)."""
+    """Where `vime submit` remembers job id -> job folder: Slurm ids whose folder Slurm
+    itself cannot say (sacct mangles quotes in WorkDir), and the ids of local and
+    --ray-address runs, so that `vime status/logs/cancel <id>` work from any folder (the
+    folder keeps its first name, slurm-jobs, so links written before stay found)."""
     state = os.environ.get("VIME_STATE_DIR") or os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "vime")
     return Path(state) / "slurm-jobs"

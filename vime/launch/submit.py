@@ -136,17 +136,27 @@ def new_local_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:8]}"
 
 
-def submit_local(prepared: Prepared) -> tuple[JobFolder, int]:
+def submit_local(prepared: Prepared, on_start=None, on_poll=None) -> tuple[JobFolder, int]:
+    """Write the job folder, call on_start(folder), run the job here; on_poll() between the
+    launcher's checks (vime/launch/progress.py)."""
     from vime.launch.local import run_local
 
     folder = _write_folder(prepared, new_local_id("local"))
+    jobdir.remember(folder.info["job_id"], folder.path)
+    if on_start:
+        on_start(folder)
     code = run_local(folder.path, prepared.launch["nodes"], prepared.launch["gpus_per_node"],
-                     prepared.launch["env"])
+                     prepared.launch["env"], on_poll or (lambda: None))
     return folder, code
 
 
-def submit_attached(prepared: Prepared, address: str) -> tuple[JobFolder, int]:
+def submit_attached(prepared: Prepared, address: str, on_start=None,
+                    on_poll=None) -> tuple[JobFolder, int]:
     from vime.launch.local import run_attached
 
     folder = _write_folder(prepared, new_local_id("ray"))
-    return folder, run_attached(folder.path, address, prepared.launch["env"])
+    jobdir.remember(folder.info["job_id"], folder.path)
+    if on_start:
+        on_start(folder)
+    return folder, run_attached(folder.path, address, prepared.launch["env"],
+                                on_poll or (lambda: None))

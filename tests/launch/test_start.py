@@ -1,0 +1,61 @@
+"""Where a run starts, said before anything starts (issue 15): a finished run says so without
+starting Ray, `--fresh` starts a new run folder beside the old one, and a prompt file the job
+could not read is an error before the job exists."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from launchkit import DRIVERS, ROOT, SMOKE, spec_sets, vime
+
+TINY = ROOT / "specs" / "tiny_cpu.toml"
+
+
+def _checkpoint(experiment: Path, rollout: int) -> Path:
+    folder = experiment / "checkpoints" / f"rollout_{rollout:06d}"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps(
+        {"format": 1, "rollout": rollout, "next_rollout": rollout + 1}))
+    (experiment / "checkpoints" / "latest").write_text(folder.name + "\n")
+    return folder
+
+
+def test_a_finished_run_says_so_before_starting_anything(tmp_path):
+    experiment = tmp_path / "qwen3-30b-a3b-smoke"
+    last = _checkpoint(experiment, 1)  # the smoke spec's rollout.num_rollout = 2
+    started = time.time()
+    done = vime("submit", str(SMOKE), "--local", *spec_sets(tmp_path, nodes=1, gpus_per_node=2),
+                env={"VIME_DRIVER": f"{DRIVERS}:check"}, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.time() - started < 30  # no Ray: it took 38 s to start before saying this
+    assert (f"vime: qwen3-30b-a3b-smoke is finished: its checkpoint {last} is at rollout 2 of "
+            "rollout.num_rollout = 2; nothing to run.") in done.stdout
+    assert sorted(p.name for p in experiment.iterdir()) == ["checkpoints"]  # no job folder
+
+
+def test_fresh_starts_a_new_run_beside_the_old_one(tmp_path):
+    experiment = tmp_path / "qwen3-30b-a3b-smoke"
+    old = _checkpoint(experiment, 1)
+    done = vime("submit", str(SMOKE), "--local", "--fresh",
+                *spec_sets(tmp_path, nodes=1, gpus_per_node=2),
+                env={"VIME_DRIVER": f"{DRIVERS}:rollouts", "VIME_TEST_STEPS": "2",
+                     "VIME_TEST_STEP_S": "0"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    fresh = tmp_path / "qwen3-30b-a3b-smoke-2"
+    assert "vime: --fresh: a new run qwen3-30b-a3b-smoke-2 in " + str(fresh) in done.stdout
+    assert f"starting fresh (no checkpoint in {fresh / 'checkpoints'})" in done.stdout
+    assert (old / "state.json").is_file()  # the old run is untouched
+    assert list(fresh.glob("local-*/metrics.jsonl"))
+
+
+def test_an_unreadable_prompt_file_is_an_error_before_the_job_starts(tmp_path):
+    done = vime("submit", str(TINY), "--local", "--set",
+                f'experiment.output_dir="{tmp_path}"', "--set",
+                'data.prompt_data="data/missing.jsonl"', cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    # the node's own message (runtime/core/slices.py), from the same folders
+    assert (f"vime: error: data.prompt_data: {TINY.parent / 'data' / 'missing.jsonl'}: no such "
+            f"file (looked in {TINY.parent} and {tmp_path})") in done.stderr
+    assert not list(tmp_path.iterdir())  # no job folder

@@ -1,0 +1,134 @@
+"""What `vime submit --local` and `--ray-address` show while the job runs (issue 15): the
+head node's own `vime:` lines from logs/node-0.log (Ray ready, the prompts, the actors,
+resumed from ...), then one line per rollout from metrics.jsonl with the run's progress over
+rollout.num_rollout and an ETA, and a summary at the end.
+
+Plain lines, no carriage returns or colours: they read the same in a terminal, a CI log and
+a file (tqdm is not one of vime's dependencies). The launcher calls poll() between its
+checks of the node processes; nothing here touches the job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+BAR = 20
+ROLLOUT_LINE = re.compile(r"rollout +(\d+) \| ")
+# the per-phase seconds the loop records (runtime/rl/loop.py), in the order they run
+PHASES = (("generate", "gen"), ("offload", "swap"), ("reward", "reward"),
+          ("log_probs", "logp"), ("train", "train"), ("save", "save"),
+          ("weight_sync", "sync"))
+
+
+def clock(seconds: float) -> str:
+    seconds = int(round(max(seconds, 0)))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def bar(done: int, total: int) -> str:
+    filled = BAR * done // total if total else BAR
+    return "[" + "#" * filled + "." * (BAR - filled) + "]"
+
+
+def rollout_line(record: dict, total: int, eta_s: float | None) -> str:
+    index, width = record["rollout"], len(str(total))
+    parts = [f"rollout {index:>{width}} | {index + 1:>{width}}/{total} {bar(index + 1, total)} "
+             f"{100 * (index + 1) // total:3d}%"]
+    for key, fmt in (("reward/mean", "reward {:.3f}"), ("reward/acc", "acc {:.2f}"),
+                     ("response_len/mean", "len {:.1f}"),
+                     ("throughput/generate_tokens_per_s", "{:.0f} tok/s")):
+        if record.get(key) is not None:
+            parts.append(fmt.format(record[key]))
+    phases = " ".join(f"{short} {record[f'time/{name}']:.2f}" for name, short in PHASES
+                      if record.get(f"time/{name}") is not None)
+    if phases:
+        parts.append(f"{phases} s")
+    parts.append("ETA " + (clock(eta_s) if eta_s is not None else "-"))
+    return " | ".join(parts)
+
+
+class _Tail:
+    """New complete lines of a file that another process appends to."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        *complete, self.partial = (self.partial + chunk).split(b"\n")
+        return [line.decode(errors="replace") for line in complete]
+
+
+class Progress:
+    def __init__(self, job_dir: Path, num_rollout: int, out=None, quiet: bool = False):
+        self.job_dir, self.total, self.quiet = Path(job_dir), num_rollout, quiet
+        self.out = out or sys.stdout
+        self.log = _Tail(self.job_dir / "logs" / "node-0.log")
+        self.metrics = _Tail(self.job_dir / "metrics.jsonl")
+        self.started = time.time()
+        self.records: list[dict] = []
+        self.pending: dict[int, dict] = {}
+        self.first_seen: float | None = None
+
+    def say(self, line: str) -> None:
+        if not self.quiet:
+            print(line, file=self.out, flush=True)
+
+    def poll(self) -> None:
+        for line in self.log.lines():
+            # the head's own lines, in the log's order; Ray's and tracebacks stay in the log
+            if line.startswith("vime: job failed: "):
+                continue  # the launcher's last line says it (vime/cli.py)
+            if line.startswith("vime: "):
+                self.say(line)
+            elif (found := ROLLOUT_LINE.match(line)):
+                # the loop's console line follows its metrics.jsonl record (runtime/rl/metrics.py)
+                self._read_metrics()
+                record = self.pending.pop(int(found.group(1)), None)
+                if record is None:
+                    self.say(line)
+                    continue
+                self.records.append(record)
+                self.say(rollout_line(record, self.total, self.eta(record)))
+
+    def _read_metrics(self) -> None:
+        for line in self.metrics.lines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            self.pending[record["rollout"]] = record
+
+    def eta(self, record: dict) -> float | None:
+        """Rollouts left × the mean wall time of this job's rollouts so far (the first one's
+        own time until a second one is seen: the launcher saw it only when it was written)."""
+        now = time.time()
+        left = self.total - record["rollout"] - 1
+        if self.first_seen is None:
+            self.first_seen = now
+            per = record.get("time/rollout")
+        else:
+            per = (now - self.first_seen) / (len(self.records) - 1)
+        return None if per is None else left * per
+
+    def summary(self) -> str | None:
+        """One line of what this job did: rollouts, reward from first to last, wall time."""
+        if not self.records:
+            return None
+        first, last = self.records[0], self.records[-1]
+        line = (f"rollouts {first['rollout']} to {last['rollout']} of {self.total} in "
+                f"{clock(time.time() - self.started)}")
+        if first.get("reward/mean") is not None and last.get("reward/mean") is not None:
+            line += f", reward {first['reward/mean']:.3f} -> {last['reward/mean']:.3f}"
+        return line

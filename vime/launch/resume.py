@@ -1,0 +1,56 @@
+"""Where a submitted run starts, said before anything starts (issue 15): the checkpoint the
+job will resume from, or a fresh start, or a run that is already finished.
+
+The runtime resumes from the newest complete checkpoint of its load folder
+(runtime/rl/checkpoint.py: model.load, else model.save, else
+<output_dir>/<experiment.name>/checkpoints); this reads the same folder the same way, with
+the spec's paths already absolute (vime/launch/paths.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    load_dir: Path
+    checkpoint: Path | None  # None: a fresh start
+    next_rollout: int  # 0 on a fresh start
+
+    def describe(self, num_rollout: int) -> str:
+        if self.checkpoint is None:
+            return f"starting fresh (no checkpoint in {self.load_dir})"
+        return (f"resuming from rollout {self.next_rollout} of {num_rollout} "
+                f"(checkpoint {self.checkpoint})")
+
+
+def load_dir(spec, experiment_dir: Path) -> Path:
+    model = spec.model
+    return Path(model.load or model.save or experiment_dir / "checkpoints")
+
+
+def start_point(spec, experiment_dir: Path) -> StartPoint:
+    from runtime.rl.checkpoint import Checkpoints
+
+    folder = load_dir(spec, experiment_dir)
+    checkpoints = Checkpoints(folder)
+    found = checkpoints.latest()
+    if found is None:
+        return StartPoint(folder, None, 0)
+    try:
+        state = checkpoints.read_state(found)
+    except (OSError, ValueError):
+        return StartPoint(folder, found, 0)  # the job says what is wrong with it
+    return StartPoint(folder, found, int(state.get("next_rollout", 0)))
+
+
+def fresh_name(output_dir: str, name: str) -> str:
+    """The experiment name of `--fresh`: name-2, name-3, ... the first whose folder does not
+    exist, so the old run and its checkpoints stay where they are."""
+    root = Path(output_dir)
+    number = 2
+    while (root / f"{name}-{number}").exists():
+        number += 1
+    return f"{name}-{number}"
