@@ -68,7 +68,8 @@ def test_hostile_env_and_extra_args_render_as_data(tmp_path):
     # the whole script, with srun standing in to show what the tasks would get
     fake_srun = 'srun() { printf %s "$VIME_TEST_ENV"; }\n'
     shown = subprocess.run(["bash", "-c", fake_srun + script], capture_output=True, text=True,
-                           env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+                           env={"PATH": "/usr/bin:/bin", "SLURM_CPUS_ON_NODE": "4"},
+                           cwd=tmp_path)
     assert shown.stdout == env_value
     assert not list(tmp_path.glob("pwned-*"))
     assert '#SBATCH --constraint="a100 & (ib|eth)"' in script

@@ -55,6 +55,11 @@ def sbatch_options(plan: Plan) -> dict[str, str | None]:
             options[key] = getattr(slurm, key)
     if slurm.cpus_per_task:
         options["cpus-per-task"] = str(slurm.cpus_per_task)
+    # every byte of the node: the plan's host estimate (memory_comment) leaves out Ray's
+    # object store, the page cache and the OS, and a cgroup limit below what the job touches
+    # gets it killed; a node without memory configured has RealMemory=1 MB, which --mem=<n>G
+    # would exceed (issue 15). cluster.slurm.extra_args = ["--mem=..."] comes later and wins.
+    options["mem"] = "0"
     if slurm.exclusive:
         options["exclusive"] = None
     return dict(sorted(options.items()))
@@ -71,16 +76,42 @@ def render(plan: Plan, build_dir: str = "", python: str = "python3") -> str:
     for key, value in sbatch_options(plan).items():
         lines.append(f"#SBATCH --{key}" if value is None else f"#SBATCH --{key}={sbatch_word(value)}")
     lines += [f"#SBATCH {sbatch_word(arg)}" for arg in spec.cluster.slurm.extra_args]
-    lines += ["", "set -eu", "# [cluster.env], exported on every node before Ray starts"]
+    lines += ["", memory_comment(plan), cpus_comment(plan), ""]
+    lines += ["set -eu", "# [cluster.env], exported on every node before Ray starts"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(spec.cluster.env.items())]
     lines += [
         "export SUBMITIT_EXECUTOR=slurm",
         "",
         "# One task per node: task 0 starts the Ray head, the others join it, then the head",
         "# runs the vime runtime driver with the compiled plan (runtime/job.py).",
-        "srun --unbuffered --kill-on-bad-exit=1 " + shlex.join([
+        "srun --unbuffered --kill-on-bad-exit=1 " + _srun_cpus(plan) + shlex.join([
             f"--output={NODE_LOG}", python, "-u", "-m", "submitit.core._submit",
             SUBMITIT_FOLDER]),
         "",
     ]
     return "\n".join(lines)
+
+
+def memory_comment(plan: Plan) -> str:
+    memory = plan.memory
+    if memory is None or not memory.host_terms:
+        return "# --mem=0: all of each node's memory (no host memory plan for this spec)"
+    return (f"# --mem=0: all of each node's memory; the plan needs {memory.host_per_node / 2**30:.1f}"
+            " GiB of host memory per node (vime plan: memory per node)")
+
+
+def cpus_comment(plan: Plan) -> str:
+    slurm = plan.spec.cluster.slurm
+    if slurm.cpus_per_task:
+        return f"# each node's task gets cluster.slurm.cpus_per_task = {slurm.cpus_per_task} CPUs"
+    return ("# each node's task gets every CPU Slurm gave the node (srun --cpus-per-task="
+            "$SLURM_CPUS_ON_NODE; all of them with --exclusive)")
+
+
+def _srun_cpus(plan: Plan) -> str:
+    """srun does not take --cpus-per-task from the batch script's #SBATCH lines (Slurm 22.05+
+    passes it only through SRUN_CPUS_PER_TASK), and without it a step's task is bound to
+    one CPU: Ray would start with --num-cpus 1 (runtime/node/job.py reads
+    SLURM_CPUS_PER_TASK)."""
+    cpus = plan.spec.cluster.slurm.cpus_per_task
+    return f"--cpus-per-task={cpus} " if cpus else '--cpus-per-task="$SLURM_CPUS_ON_NODE" '

@@ -37,9 +37,9 @@ def find(job: str) -> JobFolder:
                     JobFolder(candidate).info.get("job_id") == job:
                 return JobFolder(candidate)
     if not job.isdigit():
-        raise FollowError(f"no job {job!r}: not a job folder, not a job this machine submitted "
-                          "and no folder of that name under this one; give its job folder "
-                          "(<output_dir>/<experiment.name>/<job id>)")
+        raise FollowError(f"{job!r} is neither a job folder nor a Slurm job id, nor the id of a "
+                          "job submitted from this machine or found under this folder; give "
+                          "its job folder (<output_dir>/<experiment.name>/<job id>)")
     if not slurm.available():
         raise FollowError(f"no Slurm here to look job {job} up; give its job folder instead")
     found = slurm.state(job)
