@@ -32,5 +32,5 @@ if [ "${1:-}" = "--run" ]; then
     shift
     cd "$ROOT"
     exec "$VENV/bin/python" -m pytest -p no:cacheprovider tests/oracle/test_vllm.py \
-        tests/oracle/test_vllm_backend.py "$@"
+        tests/oracle/test_vllm_backend.py tests/oracle/test_vllm_flags.py "$@"
 fi

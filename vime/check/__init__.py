@@ -4,6 +4,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     batch,
     checkpoint,
     cluster,
+    engine_flags,
     layout,
     memory,
     model,

@@ -147,6 +147,20 @@ VIME_VLLM_FLAGS: dict[str, str | None] = {
 }
 
 
+def _vime_flag_of(arg: str) -> str | None:
+    """The flag of VIME_VLLM_FLAGS that arg sets under another spelling (--tensor_parallel_size,
+    --no-enable-sleep-mode, an abbreviation), by vLLM's flag catalog; None if none."""
+    from vime import flags
+    from vime.check.engine_flags import parse
+
+    dest = parse((arg,))[0].dest
+    if dest is None:
+        return None
+    cat = flags.catalog("vllm")
+    return next((option for option in VIME_VLLM_FLAGS
+                 if any(e["dest"] == dest for e in cat.entries(option).values())), None)
+
+
 @rule("V507", "extra-args-contradict-plan", enforced_by="vime")
 def extra_args_contradict_plan(spec: Spec):
     """inference.extra_args sets a flag that vime derives from the spec.
@@ -158,11 +172,13 @@ def extra_args_contradict_plan(spec: Spec):
     expert_parallel, [inference.eplb], gpu_memory_utilization, cudagraph_capture_sizes,
     moe_backend)."""
     for index, arg in enumerate(spec.inference.extra_args):
-        flag = arg.split("=", 1)[0]
+        written = arg.split("=", 1)[0]
+        flag = written if written in VIME_VLLM_FLAGS else _vime_flag_of(arg)
         if flag in VIME_VLLM_FLAGS:
             key = VIME_VLLM_FLAGS[flag]
+            shown = written if written == flag else f"{written} ({flag})"
             yield Finding(f"inference.extra_args[{index}]",
-                          f"extra_args sets {flag}, which vime derives from the spec",
+                          f"extra_args sets {shown}, which vime derives from the spec",
                           help=f"remove it and set {key} instead" if key else
                           "remove it: vime runs no pipeline parallelism inside an engine, "
                           "and no spec key sets it")
@@ -175,14 +191,17 @@ def routing_replay_keeps_prefix_cache(spec: Spec):
     vLLM's config/vllm.py `_verify_aux_output_compatibility` rejects
     --enable-return-routed-experts unless prefix caching is on (and the model runner V2 is
     used, which the runtime sets with VLLM_USE_V2_MODEL_RUNNER=1).
-    Fix: remove --no-enable-prefix-caching from inference.extra_args, or routing_replay = false."""
+    Fix: remove --no-enable-prefix-caching (0.33: also --disable-prefix-caching) from
+    inference.extra_args, or routing_replay = false."""
     if not spec.train.routing_replay:
         return
-    for index, arg in enumerate(spec.inference.extra_args):
-        if arg.split("=", 1)[0] == "--no-enable-prefix-caching":
-            yield Finding(f"inference.extra_args[{index}]",
+    from vime.check.engine_flags import parse
+
+    for p in parse(spec.inference.extra_args):
+        if p.dest == "enable_prefix_caching" and p.is_false:
+            yield Finding(f"inference.extra_args[{p.index}]",
                           "routing_replay needs prefix caching, which this flag turns off",
-                          help="remove --no-enable-prefix-caching", related=("train.routing_replay",))
+                          help=f"remove {p.arg.name}", related=("train.routing_replay",))
 
 
 @rule("V509", "vllm-dp-needs-moe", enforced_by="vllm", needs_arch=True)
