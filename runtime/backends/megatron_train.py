@@ -20,15 +20,17 @@ responses (_response_terms).
 - Data: the ranks of one data-parallel replica get the same samples (TrainGroup splits by
   the dp coordinate); the loss is divided by the step's tokens on every replica and
   megatron's DDP sums gradients (calculate_per_token_loss), so the sum is the step's mean.
-- Log-probs under tensor parallelism are computed on vocabulary-parallel logits (max, sum
-  of exponentials and the target's logit reduced over the tensor group) without gathering
-  the vocabulary; with top_p < 1 the nucleus needs every logit of a position, and the
-  logits are gathered over the tensor group for it (_whole_vocabulary).
+- The loss head: the model returns its final hidden states and output weight instead of
+  logits (megatron-core's output_processor hook, _head_inputs), and runtime/core/loss_head.py
+  makes the log-probs and entropy from them a chunk of tokens at a time, with no [tokens,
+  vocab] tensor kept for the backward (issue 18). Under tensor parallelism the weight is this
+  rank's vocabulary rows: max and sums reduced over the tensor group, or with top_p < 1 each
+  chunk's logits gathered over it (the nucleus needs every logit of a position).
 - Ranks that share an expert group must run the same number of forwards (the all-to-all is
   collective): every rank runs the largest count, padding with a masked repeat of a sample.
 
 Batching, log-prob picking and the loss are the torch backend's
-(runtime/backends/torch_train.py, through its hooks _forward, _token_terms, _begin_step,
+(runtime/backends/torch_train.py, through its hooks _forward, _vocabulary_group, _begin_step,
 _before_backward and _finish_step); the model, the optimizer and the device memory handling
 are Megatron's.
 """
@@ -46,11 +48,9 @@ import torch.distributed as dist
 from runtime.backends.torch_train import (
     PAD,
     TorchTrainingBackend,
-    entropy_metric,
     response_positions,
     sampling_top_p,
 )
-from runtime.core import nucleus
 from runtime.core.interfaces import TrainBatch
 from runtime.core.slices import TrainSlice
 from runtime.megatron import shards
@@ -82,6 +82,28 @@ def _offload_options(opt) -> dict:
     return dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
                 use_precision_aware_optimizer=True, decoupled_weight_decay=True,
                 overlap_cpu_optimizer_d2h_h2d=opt.overlap_cpu_optimizer_d2h_h2d)
+
+
+def _head_inputs(hidden_states, output_layer, output_weight, **_context):
+    """GPTModel's output_processor: instead of the logits, the final hidden states [b, s, h] of
+    this rank's positions and the weight [V / tp, h] the output layer multiplies them by (the
+    embedding's when tied). Under sequence parallelism the output layer gathers its input over
+    the tensor group; so does this, with megatron-core's gather (backward: the ranks' parts of
+    the gradient summed, reduce-scatter), and without it its input is copied to the group
+    (backward: all-reduce), as the output layer's own backward does."""
+    from megatron.core.tensor_parallel.mappings import (
+        copy_to_tensor_model_parallel_region,
+        gather_from_sequence_parallel_region,
+    )
+
+    weight = output_layer.weight if output_weight is None else output_weight
+    group = output_layer.tp_group
+    if output_layer.sequence_parallel:
+        hidden_states = gather_from_sequence_parallel_region(
+            hidden_states, tensor_parallel_output_grad=True, group=group)
+    elif group.size() > 1:
+        hidden_states = copy_to_tensor_model_parallel_region(hidden_states, group=group)
+    return hidden_states.transpose(0, 1), weight
 
 
 def _copy_in(storage: torch.UntypedStorage, host: torch.Tensor, device: torch.device) -> None:
@@ -270,19 +292,27 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         chunks = gathered.chunk(2 * self.cp, dim=1)
         return torch.cat([chunks[i] for i in cp_slots(self.cp)], dim=1)
 
-    def _logits(self, ids: torch.Tensor, params=None) -> torch.Tensor:
-        """The model's logits at this rank's positions of ids: [n, width / cp, V / tp]."""
+    def _head(self, ids: torch.Tensor):
+        """The loss head's inputs at this rank's positions of ids: the final hidden states
+        [n, width / cp, h] (every position of the tensor group's sequence) and the output
+        weight [V / tp, h], from the model in bf16 (no fp32 copy of its outputs)."""
         positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0).expand_as(ids)
         ids, positions = self._local(ids), self._local(positions)
+        return self.model(ids, positions, None, output_processor=_head_inputs, fp32_output=False)
+
+    @contextlib.contextmanager
+    def _weights_of(self, params):
+        """The reference policy's weights swapped in (params None: the actor's, nothing to do),
+        for a forward and the loss head that follows it."""
         if params is None:
-            return self.model(ids, positions, None)
-        # the reference policy: swap its weights in for this forward
+            yield
+            return
         current = {n: p.data.clone() for n, p in self.params.items()}
         with torch.no_grad():
             for name, tensor in params.items():
                 self.params[name].data.copy_(tensor)
         try:
-            return self.model(ids, positions, None)
+            yield
         finally:
             with torch.no_grad():
                 for name, tensor in current.items():
@@ -290,26 +320,22 @@ class MegatronTrainingBackend(TorchTrainingBackend):
 
     def _forward(self, batch: TrainBatch, indices: list[int], params=None):
         ids = self._inputs(batch, indices)
-        return self._pick_responses(self._logits(ids, params), ids,
-                                    [batch.prompt_lens[i] for i in indices],
-                                    [len(batch.tokens[i]) for i in indices])
+        hidden, weight = self._head(ids)
+        return (*self._pick_responses(hidden, ids, [batch.prompt_lens[i] for i in indices],
+                                      [len(batch.tokens[i]) for i in indices]), weight)
 
     def _response_terms(self, batch: TrainBatch, indices: list[int], params=None,
                         entropy: bool = True):
-        """Under context parallelism a rank holds the logits of its own positions only: the
-        terms are computed there, for every position, then gathered over the group and the
+        """Under context parallelism a rank holds the hidden states of its own positions only:
+        the terms are computed there, for every position, then gathered over the group and the
         responses picked from them."""
-        if self.cp == 1:
-            return super()._response_terms(batch, indices, params, entropy)
-        ids = self._inputs(batch, indices)
-        logits = self._logits(ids, params)
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        targets = self._local(ids.roll(-1, dims=1))  # position p predicts token p + 1
-        if entropy:
-            log_probs, entropies = self._token_terms(logits, targets)
-        else:
-            log_probs, entropies = self._target_log_probs(logits, targets), None
+        with self._weights_of(params):
+            if self.cp == 1:
+                return super()._response_terms(batch, indices, None, entropy)
+            ids = self._inputs(batch, indices)
+            hidden, weight = self._head(ids)
+            targets = self._local(ids.roll(-1, dims=1))  # position p predicts token p + 1
+            log_probs, entropies = self._head_terms(hidden, weight, targets, entropy)
         rows, positions, mask = response_positions(
             [batch.prompt_lens[i] for i in indices], [len(batch.tokens[i]) for i in indices],
             ids.shape[1])
@@ -319,66 +345,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             entropies = self._gathered(entropies)[rows, positions]
         return picked, entropies, self._to_device(mask)
 
-    def _target_log_probs(self, logits, targets):
-        if self.tp == 1:
-            return super()._target_log_probs(logits, targets)
-        if self.top_p < 1.0:
-            return nucleus.log_probs(self._whole_vocabulary(logits), targets, self.top_p)
-        return self._vocab_parallel(logits, targets, entropy=False)[0]
-
-    def _token_terms(self, logits, targets):
-        if self.tp == 1:
-            return super()._token_terms(logits, targets)
-        if self.top_p < 1.0:
-            # the entropy stays the whole softmax's, vocabulary-parallel (as the torch backend)
-            _whole, entropy = self._vocab_parallel(logits, targets, entropy=True)
-            return (nucleus.log_probs(self._whole_vocabulary(logits), targets, self.top_p),
-                    entropy)
-        return self._vocab_parallel(logits, targets, entropy=True)
-
-    def _whole_vocabulary(self, logits):
-        """[..., V] logits from every tensor-parallel rank's [..., V / tp] columns: the top-p
-        nucleus of a position needs all of its logits (runtime/core/nucleus.py). megatron-core's
-        gather (its ColumnParallelLinear's gather_output), whose backward keeps this rank's
-        columns: every rank computes the same loss from the gathered logits.
-
-        Memory: a [tokens, V] fp32 tensor on every rank, tp times the vocabulary-parallel one
-        (9.7 GB for 16k tokens of Qwen3's 152k vocabulary), kept for the backward by the
-        nucleus's normaliser; under context parallelism for all of a rank's positions, not
-        only the responses. Only with top_p < 1."""
-        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
-
-        return gather_from_tensor_model_parallel_region(logits.float().contiguous(),
-                                                        self.tp_group)
-
-    def _vocab_parallel(self, logits, targets, entropy: bool):
-        """Log-probs (and the entropy) from vocabulary-parallel logits (each tensor-parallel
-        rank holds V / tp columns): reductions over the tensor group, forward all-reduce and
-        backward identity (megatron's reduce_from_tensor_model_parallel_region), as its
-        vocab_parallel_cross_entropy does."""
-        from megatron.core.tensor_parallel.mappings import (
-            reduce_from_tensor_model_parallel_region as reduce,
-        )
-
-        logits = logits.float()
-        with torch.no_grad():
-            peak = logits.max(dim=-1, keepdim=True).values
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.tp_group)
-        shifted = logits - peak
-        log_total = reduce(shifted.exp().sum(dim=-1, keepdim=True), group=self.tp_group).log()
-        part = logits.shape[-1]
-        local = targets - self.tp_rank * part
-        inside = (local >= 0) & (local < part)
-        mine = shifted.gather(-1, local.clamp(0, part - 1).unsqueeze(-1)).squeeze(-1)
-        log_probs = reduce(mine * inside, group=self.tp_group) - log_total.squeeze(-1)
-        if not entropy:
-            return log_probs, None
-        log_p = shifted - log_total  # this rank's columns of the log-softmax
-        if torch.is_grad_enabled() and self.slice.loss.entropy_coef:
-            return log_probs, -reduce((log_p.exp() * log_p).sum(dim=-1), group=self.tp_group)
-        partial = entropy_metric(log_p)
-        dist.all_reduce(partial, group=self.tp_group)
-        return log_probs, partial
+    def _vocabulary_group(self):
+        return self.tp_group if self.tp > 1 else None
 
     # -------------------------------------------------------------------------- training
 

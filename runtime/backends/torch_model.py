@@ -84,6 +84,30 @@ def forward(module, input_ids, attention_mask=None, position_ids=None, cache=Non
     return module(**kwargs)
 
 
+def hidden_states(module, input_ids, attention_mask=None, params=None) -> torch.Tensor:
+    """The decoder's last hidden states [n, s, h] (after its final norm), what the LM head
+    multiplies by its weight; `params` (the full model's names) for a functional call, as the
+    reference policy's weights are used."""
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if params is None:
+        return module.model(**kwargs).last_hidden_state
+    inner = {name.removeprefix("model."): value for name, value in params.items()
+             if name.startswith("model.")}
+    return torch.func.functional_call(module.model, inner, (), kwargs).last_hidden_state
+
+
+def output_weight(module, params=None) -> torch.Tensor:
+    """The LM head's weight [V, h] (the embedding's when tied), of `params` when given: the
+    logits are hidden_states @ weight.T (Qwen3's head, a linear layer without bias)."""
+    head = module.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise NotImplementedError("an LM head with a bias (the loss head computes "
+                                  "hidden @ weight.T)")
+    if params is None:
+        return head.weight
+    return params[next(n for n, p in module.named_parameters() if p is head.weight)]
+
+
 def _takes_cache(module) -> bool:
     import inspect
 

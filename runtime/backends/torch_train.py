@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.backends import torch_model
-from runtime.core import algorithm, nucleus
+from runtime.core import algorithm, loss_head
 from runtime.core.interfaces import TrainBatch, TrainingBackend
 from runtime.core.slices import TrainSlice
 
@@ -51,16 +51,6 @@ def sampling_top_p(slice: TrainSlice) -> float:
     """The top-p the rollout sampled with; 1 for greedy sampling, where vLLM applies none
     (its SamplingParams sets top_p = 1 at temperature 0)."""
     return slice.top_p if slice.temperature > 0 else 1.0
-
-
-def entropy_metric(log_p: torch.Tensor, rows: int = 2048) -> torch.Tensor:
-    """-sum(p log p) over the last axis, without gradients, a few rows at a time: two
-    temporaries the size of the logits (p and p log p, 10 GB each for 16k tokens of a
-    152k vocabulary) cost allocator time and memory for a number that is only logged."""
-    with torch.no_grad():
-        flat = log_p.detach().reshape(-1, log_p.shape[-1])
-        parts = [-(chunk.exp() * chunk).sum(dim=-1) for chunk in flat.split(rows)]
-        return torch.cat(parts).view(log_p.shape[:-1])
 
 
 class TorchTrainingBackend(TrainingBackend):
@@ -119,8 +109,9 @@ class TorchTrainingBackend(TrainingBackend):
         return groups
 
     def _forward(self, batch: TrainBatch, indices: list[int], params=None):
-        """Logits / temperature at the positions that predict each sample's response tokens:
-        (logits [n, R, V], targets [n, R], mask [n, R]) with R the longest response."""
+        """The loss head's inputs at the positions that predict each sample's response tokens:
+        (hidden [n, R, h], targets [n, R], mask [n, R], the output weight [V, h]) with R the
+        longest response. No logits: runtime/core/loss_head.py makes them a chunk at a time."""
         tokens = [batch.tokens[i] for i in indices]
         ids, attention = self._padded(tokens)
         width = ids.shape[1]
@@ -129,14 +120,10 @@ class TorchTrainingBackend(TrainingBackend):
             replay = self.routers.replay_for_batch([batch.routed_experts[i] for i in indices],
                                                    width)
         with self.routers.replaying(replay):
-            if params is None:
-                logits = torch_model.forward(self.model, ids, attention).logits
-            else:
-                logits = torch.func.functional_call(
-                    self.model, params, (), {"input_ids": ids, "attention_mask": attention}
-                ).logits
-        return self._pick_responses(logits, ids, [batch.prompt_lens[i] for i in indices],
-                                    [len(t) for t in tokens])
+            hidden = torch_model.hidden_states(self.model, ids, attention, params)
+        return (*self._pick_responses(hidden, ids, [batch.prompt_lens[i] for i in indices],
+                                      [len(t) for t in tokens]),
+                torch_model.output_weight(self.model, params))
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host tensor on the backend's device without waiting for the GPU (a copy from
@@ -155,27 +142,24 @@ class TorchTrainingBackend(TrainingBackend):
             attention[row, :len(seq)] = 1
         return self._to_device(ids), self._to_device(attention)
 
-    def _pick_responses(self, logits, ids, prompt_lens: list[int], lengths: list[int]):
-        """Logits / temperature at the positions that predict each sample's response tokens:
-        (logits [n, R, V], targets [n, R], mask [n, R]) with R the longest response."""
+    def _pick_responses(self, values, ids, prompt_lens: list[int], lengths: list[int]):
+        """Per-position values [n, width, ...] at the positions that predict each sample's
+        response tokens: (values [n, R, ...], targets [n, R], mask [n, R]) with R the longest
+        response."""
         rows, positions, mask = response_positions(prompt_lens, lengths, ids.shape[1])
-        if len(lengths) == 1:  # one sample: its response logits are a slice, not a gathered copy
-            picked = logits[:, prompt_lens[0] - 1:prompt_lens[0] - 1 + mask.shape[1]]
+        if len(lengths) == 1:  # one sample: its responses are a slice, not a gathered copy
+            picked = values[:, prompt_lens[0] - 1:prompt_lens[0] - 1 + mask.shape[1]]
         else:
-            picked = logits[rows, self._to_device(positions)]
-        if self.temperature != 1.0:
-            picked = picked / self.temperature
+            picked = values[rows, self._to_device(positions)]
         targets = ids[rows, self._to_device((positions + 1).clamp(max=ids.shape[1] - 1))]
         return picked, targets, self._to_device(mask)
 
     def _response_terms(self, batch: TrainBatch, indices: list[int], params=None,
                         entropy: bool = True):
         """(log-probs [n, R], entropy [n, R] or None, mask [n, R]) of the response tokens of
-        the samples `indices`: one forward, then the terms from the picked logits."""
-        logits, targets, mask = self._forward(batch, indices, params)
-        if entropy:
-            return (*self._token_terms(logits, targets), mask)
-        return self._target_log_probs(logits, targets), None, mask
+        the samples `indices`: one forward, then the loss head on the picked hidden states."""
+        hidden, targets, mask, weight = self._forward(batch, indices, params)
+        return (*self._head_terms(hidden, weight, targets, entropy), mask)
 
     # ------------------------------------------------------------------------- log-probs
 
@@ -245,32 +229,25 @@ class TorchTrainingBackend(TrainingBackend):
         stepped = self._finish_step()
         return {**{key: float(value) for key, value in sums.items()}, **stepped}
 
-    def _target_log_probs(self, logits, targets):
-        """Log-probs of the targets only (no entropy): the log-prob passes. With top_p < 1,
-        under the nucleus the engine sampled from, renormalised (runtime/core/nucleus.py), as
-        vLLM's processed log-probs are (issue 14)."""
-        if self.top_p < 1.0:
-            return nucleus.log_probs(logits, targets, self.top_p)
-        return algorithm.token_log_probs(logits, targets)
+    def _head_terms(self, hidden, weight, targets, entropy: bool):
+        """(log-probs, entropy or None) of the targets under softmax(hidden @ weight.T / T), in
+        chunks of tokens without a [tokens, vocab] tensor (runtime/core/loss_head.py, issue 18).
+        With top_p < 1 the log-probs are under the nucleus the engine sampled from, renormalised
+        (runtime/core/nucleus.py), as vLLM's processed log-probs are (issue 14); the entropy stays
+        that of the whole softmax: the policy the entropy bonus spreads is the model's, and the
+        nucleus's entropy would jump as tokens cross its boundary. The entropy carries gradients
+        only when it is part of the loss (entropy_coef), otherwise it is a metric."""
+        log_probs, entropies = loss_head.token_terms(
+            hidden, weight, targets, temperature=self.temperature, top_p=self.top_p,
+            entropy=entropy, group=self._vocabulary_group())
+        in_loss = torch.is_grad_enabled() and bool(self.slice.loss.entropy_coef)
+        if entropies is not None and not in_loss:
+            entropies = entropies.detach()
+        return log_probs, entropies
 
-    def _token_terms(self, logits, targets):
-        """Log-probs of the targets and the entropy, from one log-softmax over the vocabulary
-        (the largest tensor of the step); the entropy carries gradients only when it is part
-        of the loss (entropy_coef), otherwise it is a metric.
-
-        With top_p < 1 the log-probs are the nucleus's (_target_log_probs) and the entropy
-        stays that of the whole softmax(logits / T): the policy the entropy bonus spreads
-        is the model's, and the nucleus's entropy would jump as tokens cross its boundary."""
-        if self.top_p < 1.0:
-            log_probs = nucleus.log_probs(logits, targets, self.top_p)
-            if torch.is_grad_enabled() and self.slice.loss.entropy_coef:
-                return log_probs, algorithm.entropy_from_logits(logits)
-            return log_probs, entropy_metric(torch.log_softmax(logits.detach().float(), dim=-1))
-        log_p = torch.log_softmax(logits.float(), dim=-1)
-        log_probs = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        if torch.is_grad_enabled() and self.slice.loss.entropy_coef:
-            return log_probs, -(log_p.exp() * log_p).sum(dim=-1)
-        return log_probs, entropy_metric(log_p)
+    def _vocabulary_group(self):
+        """The process group the output weight's vocabulary is split over (None: not split)."""
+        return None
 
     def _begin_step(self) -> None:
         if not self.model.training:  # a walk over every module: only when it changes

@@ -73,13 +73,16 @@ def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cl
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dimension (pass logits / temperature)."""
+    """Entropy of softmax(logits) over the last dimension (pass logits / temperature). The
+    definition on whole logits; the training backends compute it a chunk of tokens at a time
+    from the hidden states (runtime/core/loss_head.py, issue 18)."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] per position; logits [..., V], targets [...]."""
+    """log softmax(logits)[target] per position; logits [..., V], targets [...]. The definition
+    on whole logits; the training backends use runtime/core/loss_head.py (issue 18)."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 

@@ -248,17 +248,3 @@ def test_model_is_built_from_the_seed_or_refused_without_weights(setup):
         torch_model.build_model(dataclasses.replace(config.model, random_init=False),
                                 torch.device("cpu"))
 
-
-def test_the_entropy_metric_in_row_blocks_is_the_entropy():
-    from runtime.backends.torch_train import entropy_metric
-
-    generator = torch.Generator().manual_seed(3)
-    log_p = torch.log_softmax(torch.randn(3, 5, 11, generator=generator), dim=-1)
-    log_p.requires_grad_(True)
-    expected = -(log_p.exp() * log_p).sum(dim=-1)
-    for rows in (1, 4, 15, 2048):  # blocks that split the 15 rows unevenly, and one block
-        got = entropy_metric(log_p, rows=rows)
-        assert got.shape == (3, 5) and not got.requires_grad
-        assert torch.allclose(got, expected, atol=1e-6), rows
-    uniform = torch.full((2, 8), -torch.log(torch.tensor(8.0)))
-    assert torch.allclose(entropy_metric(uniform), torch.log(torch.tensor(8.0)).expand(2))

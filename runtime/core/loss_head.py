@@ -1,0 +1,238 @@
+"""The loss head: each token's log-prob and the entropy of its distribution, from the last
+hidden states and the output layer's weight, a chunk of tokens at a time (issue 18).
+
+A log-softmax over the vocabulary kept for the backward is the largest tensor of a training
+step: [tokens, vocab] in fp32, and its backward adds the gradients of its output and input
+(with the logits 14.9 bytes per token per vocabulary entry measured on an H200, 16 planned:
+37 GiB for 16k tokens of Qwen3's 151,936 entries). Here no [tokens, vocab] tensor is made at all: per chunk of rows the
+logits are hidden @ weight.T (in the weight's dtype, as the output layer computes them), then
+fp32 divided by the temperature, reduced to a few numbers per token, and dropped. The backward
+saves only the hidden states and those numbers, and computes each chunk's logits again (one
+more output-layer matmul) to give the gradients of the hidden states and of the weight.
+
+What is computed per token, with x = logits / T over the vocabulary:
+
+- log-prob of the target: x_t - logsumexp(x); with top_p < 1 (and T > 0) under vLLM's nucleus
+  renormalised, x_t - log sum_v w_v exp(x_v) with runtime/core/nucleus.py's cut and weights;
+- entropy of softmax(x), the whole distribution's (the nucleus's would jump as tokens cross its
+  boundary): log S - sum_v e_v (x_v - m) / S with m = max x, e = exp(x - m), S = sum e.
+
+Gradients, with p = softmax(x) and q the nucleus's renormalised weights (q = p without top-p):
+d log-prob / dx = onehot(t) - q, d entropy / dx = -p (log p + H).
+
+Tensor parallelism (`group`): the weight holds this rank's rows of the vocabulary (rank r: ids
+r·V/tp ..), hidden states and targets are the same on every rank. Without top-p the max and
+the sums are all-reduced (two small collectives per chunk; backward without communication,
+as megatron-core's vocab_parallel_cross_entropy); with top-p each chunk's logits are gathered
+over the group (the cut needs the whole row) and every rank computes the same numbers, and
+its backward keeps its own columns (recomputed by the same matmul, so the comparisons with the
+cut see the same values). The hidden states' gradient is then this rank's part, the caller
+sums it over the group (megatron-core's sequence-parallel gather does, in its backward).
+
+Memory: per token, the saved hidden states and their gradient (2 + 2 bytes per hidden entry in
+bf16) and a few fp32 numbers; per chunk, its [rows, vocab / tp] (with top-p [rows, vocab])
+temporaries, CHUNK_BYTES_PER_ENTRY (NUCLEUS_CHUNK_BYTES_PER_ENTRY) each; while the backward
+runs, the weight's gradient summed over chunks in fp32, WEIGHT_GRAD_BYTES per weight entry.
+vime/plan/memory.py charges these (tests/test_memory.py keeps its copies of the constants equal);
+tests/runtime/test_loss_head.py measures them on the CPU, against the whole-vocabulary
+log-softmax the backends computed before (12 bytes per token per vocabulary entry there, 14.9
+measured on an H200 with Megatron's fp32 copy of the logits).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from runtime.core import nucleus
+
+# logits entries per chunk: 64 Mi without top-p (441 tokens of a 151,936-entry vocabulary,
+# 0.25 GiB per fp32 [rows, vocab] temporary), 16 Mi with it (110 tokens: its sort holds more)
+CHUNK_ENTRIES = 2**26
+NUCLEUS_CHUNK_ENTRIES = 2**24
+# bytes per entry of a chunk's [rows, width] temporaries at their largest. Without top-p: fp32
+# logits and their exponentials (forward), log p and p (backward): 8, measured on the CPU
+# (tests/runtime/test_loss_head.py). With top-p, the cut on the whole row: the fp32 logits, the
+# sort's values, softmax and cumulative sum, the masks: 21 measured on the CPU; on CUDA the
+# segmented sort also holds double buffers of its keys and int64 indices (12 more), not measured.
+CHUNK_BYTES_PER_ENTRY = 8
+NUCLEUS_CHUNK_BYTES_PER_ENTRY = 34
+# while the backward runs, per output-weight entry: the fp32 sum of its gradient over chunks and
+# the bf16 chunk product added to it (or the bf16 copy given back)
+WEIGHT_GRAD_BYTES = 6
+
+
+def chunk_rows(width: int, cut: bool = False) -> int:
+    """Tokens per chunk for rows of `width` logits (the whole vocabulary's with top-p: `cut`)."""
+    return max(1, (NUCLEUS_CHUNK_ENTRIES if cut else CHUNK_ENTRIES) // max(1, width))
+
+
+def token_terms(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                temperature: float = 1.0, top_p: float = 1.0, entropy: bool = True,
+                group=None, rows: int | None = None):
+    """(log-probs [...], entropy [...] or None), fp32, of hidden [..., h] under the output
+    weight [V / tp, h] (this rank's rows of the vocabulary in `group`), targets [...] (ids in the
+    whole vocabulary). Both outputs are differentiable in hidden and weight; a caller that only
+    logs the entropy detaches it (no gradient is then computed for it). `rows`: tokens per chunk
+    (chunk_rows by default)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    log_probs, entropies = _LossHead.apply(flat, weight, targets.reshape(-1), float(temperature),
+                                           float(top_p), bool(entropy), group, rows)
+    return log_probs.view(targets.shape), entropies.view(targets.shape) if entropy else None
+
+
+def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 [rows, V / tp] logits / temperature, a fresh tensor (modified in place by callers)."""
+    logits = hidden @ weight.t()
+    x = logits.float() if logits.dtype != torch.float32 else logits
+    del logits
+    if temperature != 1.0:
+        x.div_(temperature)
+    return x
+
+
+def _all_columns(x: torch.Tensor, group) -> torch.Tensor:
+    """[rows, V] from every rank's [rows, V / tp] columns, in rank order."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+class _LossHead(torch.autograd.Function):
+    """hidden [N, h], weight [V / tp, h], targets [N] -> (log-probs [N], entropies [N]), fp32;
+    `rows` tokens at a time forward and backward, saving the inputs and per-token numbers."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, top_p, want_entropy, group, rows):
+        tp = dist.get_world_size(group) if group is not None else 1
+        rank = dist.get_rank(group) if group is not None else 0
+        n, part = hidden.shape[0], weight.shape[0]
+        cut = top_p < 1.0
+        rows = rows or chunk_rows(part * tp if cut else part, cut)
+        local = targets - rank * part
+        inside = (local >= 0) & (local < part)
+        local = local.clamp(0, part - 1).unsqueeze(-1)
+        f32 = {"dtype": torch.float32, "device": hidden.device}
+        log_probs, entropies, log_total = (torch.empty(n, **f32) for _ in range(3))
+        if cut:
+            normaliser, threshold, share = (torch.empty(n, **f32) for _ in range(3))
+            outside = torch.empty(n, dtype=torch.bool, device=hidden.device)
+        for start in range(0, n, rows):
+            span = slice(start, start + rows)
+            x = _scaled_logits(hidden[span], weight, temperature)
+            if cut:
+                whole = _all_columns(x, group) if tp > 1 else x
+                del x
+                target = whole.gather(-1, targets[span].unsqueeze(-1))
+                cut_at, kept, tied = nucleus.cut(whole, top_p)
+                above, at = whole > cut_at, whole == cut_at
+                peak = whole.amax(dim=-1, keepdim=True)
+                shifted = whole.sub_(peak)
+                e = shifted.exp()
+                total = e.sum(dim=-1)
+                kept_share = kept.to(e.dtype) / tied.to(e.dtype)
+                mass = (torch.where(above, e, 0.0).sum(dim=-1)
+                        + kept_share.squeeze(-1) * torch.where(at, e, 0.0).sum(dim=-1))
+                del above, at
+                below = (target < cut_at).squeeze(-1)  # sampled by the engine: counted in
+                mass = mass + below * (target - peak).squeeze(-1).exp()
+                log_total[span] = peak.squeeze(-1) + total.log()
+                normaliser[span] = peak.squeeze(-1) + mass.log()
+                log_probs[span] = target.squeeze(-1) - normaliser[span]
+                threshold[span], share[span] = cut_at.squeeze(-1), kept_share.squeeze(-1)
+                outside[span] = below
+                if want_entropy:
+                    entropies[span] = total.log() - e.mul_(shifted).sum(dim=-1) / total
+                del whole, shifted, e
+                continue
+            peak = x.amax(dim=-1, keepdim=True)
+            if tp > 1:
+                dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+            shifted = x.sub_(peak)
+            e = shifted.exp()
+            sums = [e.sum(dim=-1),
+                    shifted.gather(-1, local[span]).squeeze(-1) * inside[span]]
+            if want_entropy:
+                sums.append(e.mul_(shifted).sum(dim=-1))
+            del x, shifted, e
+            sums = torch.stack(sums)
+            if tp > 1:
+                dist.all_reduce(sums, group=group)
+            log_sum = sums[0].log()
+            log_total[span] = peak.squeeze(-1) + log_sum
+            log_probs[span] = sums[1] - log_sum
+            if want_entropy:
+                entropies[span] = log_sum - sums[2] / sums[0]
+        saved = [hidden, weight, targets, log_total, entropies]
+        if cut:
+            saved += [normaliser, threshold, share, outside]
+        ctx.save_for_backward(*saved)
+        ctx.options = (temperature, cut, want_entropy, group, rows, rank * part)
+        ctx.set_materialize_grads(False)
+        if not want_entropy:
+            ctx.mark_non_differentiable(entropies)
+        return log_probs, entropies
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, grad_entropy):
+        hidden, weight, targets, log_total, entropies, *nucleus_saved = ctx.saved_tensors
+        temperature, cut, want_entropy, _group, rows, first = ctx.options
+        if not want_entropy:
+            grad_entropy = None
+        if grad_log_probs is None and grad_entropy is None:
+            return (None,) * 8
+        part = weight.shape[0]
+        local = targets - first
+        inside = (local >= 0) & (local < part)
+        local = local.clamp(0, part - 1).unsqueeze(-1)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, hidden.shape[0], rows):
+            span = slice(start, start + rows)
+            x = _scaled_logits(hidden[span], weight, temperature)
+            g = grad_log_probs[span].unsqueeze(-1) if grad_log_probs is not None else None
+            grad = None  # -(dloss/dx) but for the target's +g, built in place
+            if g is not None and cut:
+                normaliser, threshold, share, outside = (t[span].unsqueeze(-1)
+                                                         for t in nucleus_saved)
+                # g q, q = w exp(x - normaliser), w: 1 above the cut, the kept share at it, and
+                # 1 for a target below it (nucleus._weights)
+                grad = torch.where(x > threshold, 1.0, (x == threshold) * share)
+                grad.mul_((x - normaliser).exp_())
+                below = (x.gather(-1, local[span]) - normaliser).exp_() * outside
+                grad.scatter_add_(-1, local[span], below * inside[span, None])
+                grad.mul_(g)
+            log_p = x.sub_(log_total[span, None])
+            plain = g is not None and not cut
+            if grad_entropy is not None:
+                # p (g_H (log p + H) + g): the entropy's part, and the plain log-prob's
+                p = log_p.exp()
+                coefficient = log_p.add_(entropies[span, None]).mul_(grad_entropy[span, None])
+                p.mul_(coefficient.add_(g) if plain else coefficient)
+                del coefficient
+            elif plain:
+                p = log_p.exp_().mul_(g)
+            if grad_entropy is not None or plain:
+                grad = p if grad is None else grad.add_(p)
+                del p
+            del log_p
+            grad.neg_()
+            if g is not None:
+                grad.scatter_add_(-1, local[span], g * inside[span, None])
+            del x
+            if temperature != 1.0:
+                grad.div_(temperature)
+            grad = grad.to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[span] = grad @ weight
+            if grad_weight is not None:
+                if weight.dtype == torch.float32:
+                    grad_weight.addmm_(grad.t(), hidden[span])
+                else:
+                    grad_weight.add_(grad.t() @ hidden[span])
+            del grad
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None, None
