@@ -48,7 +48,8 @@ def test_pp_2_with_ep_8_on_8_gpus_under_megatron_is_told_pp_1():
 
 
 def test_memory_is_not_judged_when_the_layout_is_wrong():
-    big = "train.max_tokens_per_gpu=262144"
+    big = "train.max_tokens_per_gpu=2097152"  # activations beyond any GPU (issue 18's chunked
+    # loss head made 262144 tokens fit)
     assert "V801" in codes(run_spec(SPEC, [big]))
     for wrong in ("train.parallel.tp=3", "train.max_tokn=3", "train.parallel.ep=3"):
         result = run_spec(SPEC, [big, wrong])
@@ -56,7 +57,7 @@ def test_memory_is_not_judged_when_the_layout_is_wrong():
 
 
 def test_causes_are_listed_before_consequences():
-    result = run_spec(SPEC, ["train.max_tokens_per_gpu=262144",
+    result = run_spec(SPEC, ["train.max_tokens_per_gpu=2097152",
                              'cluster.env.CUDA_VISIBLE_DEVICES="0"'])
     order = [d.code for d in result.diagnostics if d.severity == "error"]
     assert "V707" in order and "V801" in order

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vime.check.registry import Finding, rule
-from vime.plan.memory import HEADROOM_WARNING, GiB, memory_plan
+from vime.plan.memory import HEADROOM_WARNING, GiB, loss_head, memory_plan
 from vime.resolve.spec import Spec
 from vime.words import a
 
@@ -23,7 +23,8 @@ def _train_fixes(spec: Spec, over: float) -> str:
     if spec.train.recompute != "full":
         fixes.append('train.recompute = "full"')
     if spec.train.dynamic_batch:
-        per_token = (terms["activations"] + terms["logits"]) / spec.train.max_tokens_per_gpu
+        tokens = spec.train.max_tokens_per_gpu
+        per_token = (terms["activations"] + loss_head(spec, tokens)[1]) / tokens
         smaller = int((spec.train.max_tokens_per_gpu * per_token - over) / per_token)
         if smaller > 0:
             fixes.append(f"max_tokens_per_gpu ≤ {smaller // 1024 * 1024}")
@@ -41,8 +42,12 @@ def train_memory_fits(spec: Spec):
     (fp32 main params and two Adam moments, sharded by the distributed optimizer over dp × cp
     for dense and edp for expert parameters; on the host with cpu_offload), activations of
     one micro-batch (max_tokens_per_gpu with dynamic batches) under the recompute setting,
-    the output layer's logits and fp32 log-softmax over the vocabulary, a stated allowance
-    for CUDA context, NCCL and fragmentation, and the sleeping vLLM engine when colocated.
+    the loss head (the plan's "logits" line: the runtime computes the log-probs from the final
+    hidden states a chunk of tokens at a time and keeps no [tokens, vocab] logits, so it
+    counts per token the hidden states kept for the backward, one chunk's temporaries over
+    the vocabulary ÷ tp, or the whole vocabulary with top-p, and the output weight's gradient
+    summed in fp32), a stated allowance for CUDA context, NCCL and fragmentation, and the
+    sleeping vLLM engine when colocated.
     At run time this is "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
     in the first training step, after the queue wait and the model load. A warning means
     less than 10% headroom: real runs vary with sequence lengths and routing imbalance.

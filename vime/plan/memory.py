@@ -9,7 +9,7 @@ can print the breakdown and a user can argue with any line. Sources:
   fp32 main params and both Adam moments to the host;
 - activations: Korthikanti et al. (arXiv 2205.05198) per-token terms, rewritten for flash
   attention (no s² term), grouped-query attention, SwiGLU and top-k MoE dispatch, plus the
-  output layer's logits and fp32 log-softmax over the vocabulary;
+  loss head, which computes the log-probs a chunk of tokens at a time (runtime/core/loss_head.py);
 - vLLM: the KV-cache budget of v1/worker/gpu_worker.py `determine_available_memory`
   (shared/reference/vllm.md §3.3).
 The allowances (CUDA context, NCCL, allocator fragmentation, CUDA graphs) are stated
@@ -172,10 +172,44 @@ def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool) -> floa
     return attention + mlp
 
 
-# The loss head: bf16 logits, the fp32 log-softmax output kept for backward, and in backward
-# the fp32 gradients of its output and input plus a bf16 gradient: 16 bytes per token per
-# vocabulary entry (14.9 measured on an H200, docs/memory-validation.md).
-LOGIT_BYTES = 16
+# The loss head (runtime/core/loss_head.py, issue 18): the log-probs and entropy from the final
+# hidden states and the output weight, a chunk of tokens at a time, with no [tokens, vocab]
+# tensor (the whole-vocabulary fp32 log-softmax it replaced held 16 bytes per token per
+# vocabulary entry, 14.9 measured on an H200: docs/memory-validation.md). What it holds:
+# - per token, the hidden states it keeps for the backward (gathered over tp), their gradient
+#   and the picked responses' copy, bf16 (3 × 2 bytes per hidden entry), and a few fp32 numbers;
+# - one chunk's temporaries: chunk_rows tokens × vocab ÷ tp (× vocab with top-p, whose cut needs
+#   the whole row) × the bytes per entry below;
+# - during the backward, the output weight's gradient summed over chunks in fp32 and the bf16
+#   chunk product added to it, per entry of this rank's [vocab ÷ tp, hidden] weight.
+# The constants are the runtime's (tests/test_memory.py keeps them equal), its chunk
+# temporaries measured on the CPU (tests/runtime/test_loss_head.py); not yet on a GPU.
+LOSS_HEAD_CHUNK_ENTRIES = 2**26
+LOSS_HEAD_NUCLEUS_CHUNK_ENTRIES = 2**24
+LOSS_HEAD_CHUNK_BYTES = 8
+LOSS_HEAD_NUCLEUS_CHUNK_BYTES = 34
+LOSS_HEAD_WEIGHT_GRAD_BYTES = 6
+LOSS_HEAD_HIDDEN_BYTES = 6  # per token per hidden entry
+LOSS_HEAD_TOKEN_BYTES = 64  # per token: fp32 log-prob, entropy, normalisers, int64 target ...
+
+
+def loss_head(spec: Spec, tokens: int) -> tuple[float, float, str]:
+    """(bytes, of which per token, note) of the loss head for `tokens` tokens on one GPU."""
+    arch, par = spec.arch, spec.train.parallel
+    vocab = padded_vocab(arch.vocab_size, par.tp)
+    local = vocab // par.tp
+    cut = spec.rollout.top_p < 1 and spec.rollout.temperature > 0  # sampling_top_p's rule
+    width, entries, per_entry = ((vocab, LOSS_HEAD_NUCLEUS_CHUNK_ENTRIES,
+                                  LOSS_HEAD_NUCLEUS_CHUNK_BYTES) if cut else
+                                 (local, LOSS_HEAD_CHUNK_ENTRIES, LOSS_HEAD_CHUNK_BYTES))
+    rows = min(max(1, entries // width), tokens)  # tokens per chunk
+    chunk = rows * width * per_entry
+    weight_grad = LOSS_HEAD_WEIGHT_GRAD_BYTES * local * arch.hidden_size
+    per_token = LOSS_HEAD_HIDDEN_BYTES * arch.hidden_size + LOSS_HEAD_TOKEN_BYTES
+    over = f"vocab {vocab}" + ("" if cut else f" ÷ tp {par.tp}")
+    note = (f"{'top-p ' if cut else ''}chunk {rows} × {over} × {per_entry} B"
+            f" + wgrad {weight_grad / GiB:.2f} + {tokens} × {per_token / 1024:.0f} KiB")
+    return chunk + weight_grad + tokens * per_token, tokens * per_token, note
 
 
 def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
@@ -218,10 +252,9 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
         stored = tokens * per_layer * layers
         how = f"{train.recompute} recompute, {layers:g} layers"
     terms.append(Term("activations", stored, f"{token_note}; {how}"))
-    # the output layer gathers the sequence over tp (SP); see LOGIT_BYTES
-    vocab = padded_vocab(arch.vocab_size, par.tp)
-    terms.append(Term("logits", tokens * vocab / par.tp * LOGIT_BYTES,
-                      f"{tokens} tokens × vocab {vocab} ÷ tp {par.tp} × {LOGIT_BYTES} B"))
+    # the loss head (the term keeps its name, "logits", for readers of plan.json)
+    head, _per_token, note = loss_head(spec, tokens)
+    terms.append(Term("logits", head, note))
     allocated = sum(t.bytes for t in terms)
     terms.append(Term("allowance", CUDA_CONTEXT + NCCL_BUFFERS + FRAGMENTATION * allocated,
                       f"CUDA context {CUDA_CONTEXT / GiB:.1f} + NCCL {NCCL_BUFFERS / GiB:.1f} GiB "
