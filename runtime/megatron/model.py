@@ -8,10 +8,14 @@ Uses the local layer spec (no Transformer Engine needed) with two replacements:
   refuses it, and megatron-core refuses to train MoE with tensor parallelism without it):
   the weights are marked `sequence_parallel`, so that finalize_model_grads sums their
   gradients over the tensor group, as it does for Transformer Engine's norms.
-With Transformer Engine installed, real runs should use the TE spec instead.
+and the MoE experts are runtime/megatron/grouped_experts.py's GroupedMLP (grouped GEMMs, the
+same parameters as SequentialMLP) wherever torch's grouped GEMM works: see `choose_experts`.
+With Transformer Engine installed, real runs should use the TE spec instead (issue 19, item 2).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -160,11 +164,51 @@ def _pipeline_rank() -> int:
     return parallel_state.get_pipeline_model_parallel_rank()
 
 
+EXPERTS_ENV = "VIME_MOE_EXPERTS"  # grouped | sequential | auto (unset: auto)
+
+
+def choose_experts(config, requested: str | None = None,
+                   device: torch.device | None = None) -> tuple[str, str]:
+    """("grouped" | "sequential", why) for the MoE experts of this config.
+
+    `requested` (else $VIME_MOE_EXPERTS, else "auto"): "auto" takes GroupedMLP where the config
+    allows it (grouped_experts.unsupported_reason) and a tiny grouped GEMM forward and backward
+    works on the device the model will train on (CUDA when there is one, else the CPU), and
+    SequentialMLP otherwise; "sequential" forces SequentialMLP; "grouped" forces GroupedMLP
+    and fails where it cannot run. An environment variable rather than a spec key: it reaches
+    the training ranks through [cluster.env] like any other, and the spec's choice of layer
+    spec (Transformer Engine or local) comes with issue 19's item 2."""
+    from runtime.megatron import grouped_experts
+
+    requested = requested or os.environ.get(EXPERTS_ENV) or "auto"
+    if requested not in ("auto", "grouped", "sequential"):
+        raise ValueError(f"{EXPERTS_ENV}={requested!r}: expected grouped, sequential or auto")
+    if requested == "sequential":
+        return "sequential", f"asked for ({EXPERTS_ENV} or the caller)"
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if torch.cuda.is_available() else torch.device("cpu")
+    etp = config.expert_tensor_parallel_size or config.tensor_model_parallel_size
+    reason = grouped_experts.unsupported_reason(config, etp) or grouped_experts.probe(device)
+    if reason is None:
+        return "grouped", f"torch._grouped_mm on {device.type}, bf16"
+    if requested == "grouped":
+        raise ValueError(f"{EXPERTS_ENV}=grouped, but the grouped experts cannot run: {reason}")
+    return "sequential", reason
+
+
+def _log_once(line: str) -> None:
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(line, flush=True)
+
+
 def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = True,
-              post_process: bool = True):
+              post_process: bool = True, experts: str | None = None):
     """GPTModel with Qwen3's layout; call under an initialised megatron parallel state. A
     pipeline stage builds its own layers, with the embedding on the first stage
-    (pre_process) and the final norm and output layer on the last (post_process)."""
+    (pre_process) and the final norm and output layer on the last (post_process). `experts`:
+    see choose_experts (None: $VIME_MOE_EXPERTS, else auto); the choice is printed once, as a
+    `vime:` line."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
@@ -180,9 +224,42 @@ def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = 
         attention.core_attention = FlashCoreAttention
         attention.q_layernorm = attention.k_layernorm = RMSNorm
         layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    if arch.is_moe:
+        _set_experts(spec, config, experts)
     spec.layer_norm = RMSNorm
     return GPTModel(config, spec, vocab_size=arch.vocab_size, pre_process=pre_process,
                     post_process=post_process,
                     max_sequence_length=max_sequence_length, position_embedding_type="rope",
                     rotary_base=int(arch.rope_theta),
                     share_embeddings_and_output_weights=arch.tie_word_embeddings)
+
+
+def _set_experts(spec, config, requested: str | None) -> None:
+    """Swap SequentialMLP for GroupedMLP in the MoE layers' specs, when chosen; the MLP
+    submodules (ColumnParallelLinear, RowParallelLinear) stay, so do the parameters."""
+    import dataclasses
+    import functools
+
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from runtime.megatron.grouped_experts import GroupedMLP
+
+    kind, why = choose_experts(config, requested)
+    chosen = GroupedMLP if kind == "grouped" else SequentialMLP
+    for layer in spec.layer_specs:
+        mlp = layer.submodules.mlp
+        moe = getattr(mlp, "keywords", {}).get("submodules")
+        if not hasattr(moe, "experts"):
+            continue  # a dense layer
+        built = moe.experts
+        if not (isinstance(built, functools.partial) and built.func in (SequentialMLP, GroupedMLP)):
+            raise RuntimeError(f"the MoE layer spec builds {built}, not SequentialMLP: megatron-"
+                               "core's local spec changed (runtime/megatron/model.py)")
+        # new spec objects rather than edits: layers may share theirs
+        experts = functools.partial(chosen, *built.args, **built.keywords)
+        layer.submodules.mlp = functools.partial(
+            mlp.func, *mlp.args, **{**mlp.keywords,
+                                    "submodules": dataclasses.replace(moe, experts=experts)})
+    names = {"grouped": "GroupedMLP (grouped GEMMs)",
+             "sequential": "SequentialMLP (a GEMM per expert)"}
+    _log_once(f"vime: MoE experts: {names[kind]}: {why}")
