@@ -54,6 +54,7 @@ from runtime.node.errors import one_line
 from runtime.node.ray_bootstrap import (
     RayNode,
     RayStartupError,
+    attach_auth_mode,
     check_cluster,
     default_auth_mode,
     gpus_by_node,
@@ -378,6 +379,7 @@ def _attach(args) -> int:
     job_dir = Path(args.job_dir)
     launch = json.loads((job_dir / "launch.json").read_text())
     os.environ.update(launch["env"])
+    attach_auth_mode(os.environ)
     _stop_on_signals()
     outcome = {"attempt": 0, "state": "failed", "error": None}
     try:

@@ -51,6 +51,23 @@ def default_auth_mode(environ) -> None:
     environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+def attach_auth_mode(environ, home: Path | None = None) -> None:
+    """Token authentication on for a driver joining a cluster someone else started
+    (--ray-address), when a token is at hand and the user chose no mode.
+
+    A cluster started by hand with `ray start --head` has token auth on when
+    ~/.ray/auth_token exists (Ray 2.60, default_auth_mode), and ray.init(address=...) does
+    not read that file unless RAY_AUTH_MODE=token: the driver was refused ("InvalidAuthToken")
+    and vime reported "Failed to connect to Ray cluster". A client in token mode also joins a
+    cluster without auth (checked with Ray 2.60), so the token is sent whenever there is one."""
+    if "RAY_AUTH_MODE" in environ:
+        return
+    token_file = Path(environ.get("RAY_AUTH_TOKEN_PATH")
+                      or (home or Path.home()) / ".ray" / "auth_token")
+    if environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        environ["RAY_AUTH_MODE"] = "token"
+
+
 class RayStartupError(RuntimeError):
     """The cluster did not come up: the message names the nodes and where their logs are."""
 

@@ -108,3 +108,29 @@ def test_ray_address_runs_the_driver_after_checking_the_gpus(tmp_path, ray_clust
                   if (p / "driver.json").exists())
     seen = json.loads((folder / "driver.json").read_text())
     assert (seen["nodes"], seen["gpus"], seen["bundles_per_node"]) == (1, 8.0, [8])
+
+
+def test_ray_address_joins_a_cluster_started_by_hand_with_token_auth(tmp_path, monkeypatch):
+    # Ray 2.60: a ~/.ray/auth_token (any plain ray.init() writes one) turns token auth on for a
+    # `ray start --head` by hand; the driver vime attached was refused ("InvalidAuthToken",
+    # reported as "Failed to connect to Ray cluster") because ray.init(address=...) sends the
+    # token only with RAY_AUTH_MODE=token
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0123456789abcdef0123456789abcdef")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    plan = ports.plan("byhand-token", 0, 0, False)
+    node = RayNode(temp_dir("byhand-token", 0, 0), tmp_path / "ray.log")
+    node.start(RayNode.command(head=True, address="", node_ip="127.0.0.1", plan=plan,
+                               ports=plan.node(0), node=0, gpus=8, cpus=2, temp=node.temp_dir,
+                               dashboard_host="127.0.0.1"))
+    try:
+        time.sleep(1)
+        runs = tmp_path / "runs"
+        done = vime("submit", str(SMOKE), "--ray-address", f"127.0.0.1:{plan.gcs_port}",
+                    *spec_sets(runs, nodes=1, gpus_per_node=8),
+                    env={"HOME": str(home), "VIME_DRIVER": f"{DRIVERS}:check"})
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        node.stop()
