@@ -350,3 +350,32 @@ def test_expert_tensor_parallel_2():
         assert result["shapes"]["local_experts.0.linear_fc1.weight"] == (32, 64)
         assert result["shapes"]["local_experts.0.linear_fc2.weight"] == (64, 16)
         assert result["etp_sum_gap"] <= BF16
+
+
+def test_choice_default_override_and_fallback(monkeypatch):
+    from runtime.megatron.model import EXPERTS_ENV, choose_experts
+    from vime.resolve.model import arch_from_config
+
+    arch = arch_from_config(TINY)
+    bf16 = _config(arch)
+    monkeypatch.delenv(EXPERTS_ENV, raising=False)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    assert choose_experts(bf16)[0] == "grouped"  # the default, where the op works (CPU here)
+    assert torch.equal(torch.rand(3), expected)  # the probe leaves the global RNG alone
+    monkeypatch.setenv(EXPERTS_ENV, "sequential")
+    assert choose_experts(bf16)[0] == "sequential"
+    monkeypatch.setenv(EXPERTS_ENV, "grouped")
+    fp32 = _config(arch, bf16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32)
+    with pytest.raises(ValueError, match="cannot run: parameters in torch.float32"):
+        choose_experts(fp32)
+    monkeypatch.setenv(EXPERTS_ENV, "auto")
+    kind, why = choose_experts(fp32)
+    assert kind == "sequential" and "bf16" in why
+    odd = _config(arch, moe_ffn_hidden_size=36)
+    assert choose_experts(odd) == ("sequential", "ffn / etp = 36: the grouped GEMM needs "
+                                   "multiples of 8 (16-byte strides in bf16)")
+    monkeypatch.setenv(EXPERTS_ENV, "fast")
+    with pytest.raises(ValueError, match="expected grouped, sequential or auto"):
+        choose_experts(bf16)
