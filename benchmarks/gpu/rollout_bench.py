@@ -49,16 +49,10 @@ def main() -> None:
     args = parser.parse_args()
     import transformers
 
-    from benchmarks.gpu.tiny_moe import SHAPES
-    from runtime import toy
+    from benchmarks.gpu.tiny_moe import shape_and_tokenizer
     from runtime.core.interfaces import GenerationRequest, SamplingParams
 
-    shape = dict(SHAPES[args.shape])
-    if args.layers:
-        shape["num_hidden_layers"] = args.layers
-    tokenizer = toy.build_tokenizer(toy.prompt_texts(
-        str(ROOT / "specs" / "data" / "tiny_arithmetic.jsonl"), "prompt", "label"))
-    shape["vocab_size"] = max(shape["vocab_size"], len(tokenizer))
+    shape, tokenizer = shape_and_tokenizer(args.shape, args.layers)
     shape["max_position_embeddings"] = max(shape["max_position_embeddings"],
                                            args.prompt_len + args.tokens)
     model = Path(tempfile.mkdtemp(prefix=f"{args.shape}-")) / "model"

@@ -29,6 +29,20 @@ SHAPES = {
 }
 
 
+def shape_and_tokenizer(name: str, layers: int | None = None) -> tuple[dict, object]:
+    """A shape of SHAPES (with `layers` layers) and the toy task's tokenizer, the vocabulary
+    at least the tokenizer's (also benchmarks/gpu/rollout_bench.py's)."""
+    from runtime import toy
+
+    shape = dict(SHAPES[name])
+    if layers:
+        shape["num_hidden_layers"] = layers
+    tokenizer = toy.build_tokenizer(toy.prompt_texts(
+        str(ROOT / "specs" / "data" / "tiny_arithmetic.jsonl"), "prompt", "label"))
+    shape["vocab_size"] = max(shape["vocab_size"], len(tokenizer))
+    return shape, tokenizer
+
+
 def main() -> None:
     import torch
     import transformers
@@ -42,12 +56,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    shape = dict(SHAPES[args.shape])
-    if args.layers:
-        shape["num_hidden_layers"] = args.layers
-    tokenizer = toy.build_tokenizer(toy.prompt_texts(
-        str(ROOT / "specs" / "data" / "tiny_arithmetic.jsonl"), "prompt", "label"))
-    shape["vocab_size"] = max(shape["vocab_size"], len(tokenizer))
+    shape, tokenizer = shape_and_tokenizer(args.shape, args.layers)
     config = transformers.Qwen3MoeConfig(
         **shape, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
         tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6,
