@@ -33,9 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # for the comparisons, no CUDA graphs, a KV cache of a fixed size (vLLM's CPU default takes
 # 20 GB), and no routed experts (they need the V2 model runner, which needs Triton with a CPU
 # backend) nor sleep mode (vLLM 0.32 refuses it on CPU: "Sleep mode is not supported on current
-# platform"; the spec's colocation emits it, and extra_args come last, so theirs wins).
-EXTRA_ARGS = ("--dtype=float32", "--enforce-eager", f"--kv-cache-memory-bytes={64 << 20}",
-              "--no-enable-sleep-mode")
+# platform"; the spec's colocation emits it, and V507 refuses --no-enable-sleep-mode in
+# extra_args as contradicting train.colocate, so the job folder's vllm.args gets it last, as
+# an engine-only change of this test).
+EXTRA_ARGS = ("--dtype=float32", "--enforce-eager", f"--kv-cache-memory-bytes={64 << 20}")
+NO_SLEEP_ON_CPU = "--no-enable-sleep-mode"
 CPU_SETS = ("train.routing_replay=false", f"inference.extra_args={json.dumps(EXTRA_ARGS)}")
 # float32 rounding: 1e-6 seen here, 5e-6 in shared/vllm-cpu/README.md; the models the tests
 # tell apart differ by more than 0.2
@@ -111,6 +113,7 @@ def job(models, tmp_path_factory) -> JobConfig:
     files = compile_job(ROOT / "specs" / "tiny_h200.toml",
                         [f'model.hf_checkpoint="{models["first"]}"', *CPU_SETS])
     job_dir = tmp_path_factory.mktemp("job")
+    files["vllm.args"] = files["vllm.args"].rstrip("\n") + f"\n{NO_SLEEP_ON_CPU}\n"
     for name, text in files.items():
         (job_dir / name).write_text(text)
     return JobConfig.from_job(json.loads(files["plan.json"]), files["resolved.toml"], job_dir)
@@ -183,7 +186,7 @@ def sample_mismatches(engine, tensors: dict) -> list[str]:
 
 def test_engine_runs_vimes_compiled_arguments(engine, job):
     config = engine.llm.llm_engine.vllm_config
-    assert job.vllm_args[-len(EXTRA_ARGS):] == EXTRA_ARGS
+    assert job.vllm_args[-len(EXTRA_ARGS) - 1:] == (*EXTRA_ARGS, NO_SLEEP_ON_CPU)
     assert config.model_config.dtype == torch.float32
     assert config.model_config.max_model_len == job.data.max_prompt_len + job.max_response_len
     assert config.model_config.logprobs_mode == "processed_logprobs"
