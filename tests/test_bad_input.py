@@ -94,6 +94,19 @@ def test_an_unknown_key_from_set_is_reported_at_the_set_argument():
     assert (diag.location.file, diag.location.col) == ("--set[2]", 1)
 
 
+@pytest.mark.parametrize("key", ["extra_args", "extra_arg", "megatron_args"])
+def test_megatron_flags_under_train_are_not_sent_to_vllms_extra_args(key):
+    (diag,) = [d for d in run_text(BASE, [f"train.{key}=['--moe-grouped-gemm']"]).diagnostics
+               if d.code == "V002"]
+    assert "vime has no train.extra_args" in diag.help and "did you mean" not in diag.help
+
+
+def test_vllm_flags_under_rollout_still_point_to_inference_extra_args():
+    (diag,) = [d for d in run_text(BASE, ["rollout.extra_args=['--max-num-seqs=8']"]).diagnostics
+               if d.code == "V002"]
+    assert diag.help == "did you mean inference.extra_args? it belongs in [inference]"
+
+
 @pytest.mark.parametrize("written, known", [
     ("h100", "H100"), ("NVIDIA-A100-SXM4-80GB", "A100-80GB"), ("a100-40gb", "A100-40GB"),
     ("A100-PCIE-40GB", "A100-40GB"), ("A100-80G", "A100-80GB"), ("H200-141GB", "H200"),

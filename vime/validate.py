@@ -18,8 +18,23 @@ from vime.overrides import Positions
 from vime.parse import Path
 from vime.words import a
 
+# Keys people bring from other tools that vime leaves out on purpose, with what to write instead.
+# A plain did-you-mean would send them elsewhere: train.extra_args is closest to
+# inference.extra_args, vLLM's argv, where Megatron's flags make vLLM exit.
+_LEFT_OUT: dict[Path, dict[str, str]] = {
+    ("train",): {"extra_args": (
+        "vime has no train.extra_args: the Megatron backend builds its model from the spec's own "
+        "keys ([model.arch], [train.parallel], [train.optimizer], train.recompute, ...), and "
+        "megatron.args in the build folder records them as Megatron-LM flags; "
+        "inference.extra_args is vLLM's command line, not Megatron's (docs/spec.md)")},
+}
+
 
 def _suggest(path: Path, key: str) -> str | None:
+    left_out = _LEFT_OUT.get(tuple(path), {})
+    close = difflib.get_close_matches(key, left_out, n=1, cutoff=0.6)
+    if close or (left_out and key.endswith("args")):
+        return left_out[close[0] if close else next(iter(left_out))]
     siblings = list((schema.node(path) or {}).get("properties", {}))
     close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
     if close:
