@@ -29,6 +29,7 @@ def _case(code: str, side: str, tmp_path: Path, make_checkpoint):
         config = json.loads((tmp / "config.json").read_text())
         (tmp / "config.json").write_text(json.dumps({**config, **patch}))
     for name, content in fixture.get("files", {}).items():
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp / name).write_text(content)
     sets = [s.replace("{tmp}", str(tmp)) for s in fixture.get(side, [])]
     encoding = fixture.get(f"{side}_encoding")

@@ -95,7 +95,11 @@ def _load(args) -> tuple:
         data = path.read_bytes()
     except OSError as err:
         raise UsageError(f"cannot read spec {args.spec}: {err.strerror}") from None
-    result = pipeline.run_file(args.spec, data, args.sets, path.resolve().parent, args.strict)
+    # V708, V709 judge the checkpoint a submit would resume from: `submit --fresh` leaves it
+    # where it is, and `convert` writes the initial weights, which do not load it
+    resume = args.verb != "convert" and not getattr(args, "fresh", False)
+    result = pipeline.run_file(args.spec, data, args.sets, path.resolve().parent, args.strict,
+                               resume=resume)
     return result.source, result
 
 

@@ -59,18 +59,20 @@ def _planning_only(diagnostics: list[Diagnostic]) -> bool:
 
 
 def run_file(name: str, data: bytes, sets: list[str] = (), spec_dir: FsPath | None = None,
-             strict: bool = False) -> Result:
+             strict: bool = False, resume: bool = True) -> Result:
     """`run` on a file's bytes: a file that is not UTF-8 is a V006 diagnostic, not a crash."""
     try:
         source = decode(name, data)
     except ParseError as err:
         source = Source(name, data.decode("utf-8", errors="replace"))
         return Result(source, finalize([err.diagnostic], strict))
-    return run(source, sets, spec_dir, strict)
+    return run(source, sets, spec_dir, strict, resume)
 
 
 def run(source: Source, sets: list[str] = (), spec_dir: FsPath | None = None,
-        strict: bool = False) -> Result:
+        strict: bool = False, resume: bool = True) -> Result:
+    """resume=False: the spec is judged as a fresh start (`vime submit --fresh`), without the
+    checkpoint its run folder holds (V708, V709)."""
     result = Result(source)
     diagnostics: list[Diagnostic] = []
     overrides: list[Override] = []
@@ -94,7 +96,7 @@ def run(source: Source, sets: list[str] = (), spec_dir: FsPath | None = None,
     raw, schema_diagnostics, can_continue = validate(raw, positions)
     diagnostics += schema_diagnostics
     if can_continue and not problems:
-        spec = resolve(raw, positions, spec_dir or FsPath.cwd())
+        spec = resolve(raw, positions, spec_dir or FsPath.cwd(), resume)
         result.spec = spec
         diagnostics = without_consequences_of_wrong_inputs(
             [*diagnostics, *check.run(spec, positions)])

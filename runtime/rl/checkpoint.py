@@ -1,6 +1,7 @@
 """Checkpoints: one folder per saved rollout, made visible only once complete.
 
-    <save dir>/rollout_000019/       train/ (what each rank's backend wrote), state.json
+    <save dir>/rollout_000019/       train/ (what each rank's backend wrote), state.json,
+                                     vime_checkpoint.json
     <save dir>/latest                "rollout_000019"
 
 A checkpoint is written into `.partial-rollout_000019-<random>/`, every file flushed to
@@ -10,7 +11,9 @@ any moment therefore leaves either the previous checkpoint or the new one, never
 one: readers ignore `.partial-*` folders, and the next save removes them.
 
 state.json holds what the driver restores: the next rollout index, the weight version, the
-prompt sampler's position; the backends' files hold the model, optimizer and RNG states.
+prompt sampler's position; the backends' files hold the model, optimizer and RNG states;
+vime_checkpoint.json records the architecture, backend and layout that wrote them, which `vime
+plan` compares with the spec of the run that would resume (vime/run_checkpoint.py: V708, V709).
 The save folder is model.save, else <output_dir>/<experiment.name>/checkpoints (shared by
 every job of the experiment); resuming reads model.load, else the save folder.
 """
@@ -23,9 +26,19 @@ import shutil
 import uuid
 from pathlib import Path
 
-STATE = "state.json"
-LATEST = "latest"
+from runtime.core.slices import JobConfig
+from vime import __version__, run_checkpoint
+from vime.resolve.model import arch_from_config
+
+STATE = run_checkpoint.STATE_FILE
+LATEST = run_checkpoint.LATEST_FILE
 FORMAT = 1
+
+
+def record_of(config: JobConfig) -> dict:
+    """The vime_checkpoint.json of this job's checkpoints: its model, backend and layout."""
+    return run_checkpoint.record(arch_from_config(dict(config.model.arch)), config.train_backend,
+                                 {**config.parallel, "ranks": len(config.ranks)}, __version__)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -62,22 +75,12 @@ class Checkpoints:
 
     def complete(self, folder: Path | None = None) -> list[Path]:
         """Complete checkpoints of a folder, oldest first."""
-        root = Path(folder or self.load_dir)
-        if not root.is_dir():
-            return []
-        return sorted(p for p in root.iterdir()
-                      if p.is_dir() and p.name.startswith("rollout_") and (p / STATE).is_file())
+        return run_checkpoint.complete(Path(folder or self.load_dir))
 
     def latest(self) -> Path | None:
         """The checkpoint `latest` names, or the newest complete one when `latest` is missing
-        or names a folder that is gone."""
-        pointer = self.load_dir / LATEST
-        if pointer.is_file():
-            named = self.load_dir / pointer.read_text().strip()
-            if (named / STATE).is_file():
-                return named
-        found = self.complete()
-        return found[-1] if found else None
+        or names a folder that is gone (the choice `vime plan` reads too)."""
+        return run_checkpoint.latest(self.load_dir)
 
     @staticmethod
     def read_state(folder: Path) -> dict:
@@ -89,9 +92,9 @@ class Checkpoints:
 
     # ----------------------------------------------------------------------------- write
 
-    def save(self, rollout_id: int, train, state: dict) -> Path:
+    def save(self, rollout_id: int, train, state: dict, record: dict | None = None) -> Path:
         """train.save(folder) writes the backends' part (every rank, into the same folder);
-        then state.json, fsync, rename, `latest`."""
+        then state.json and the record (record_of), fsync, rename, `latest`."""
         self.save_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.save_dir.glob(".partial-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -102,6 +105,9 @@ class Checkpoints:
             train.save(partial / "train")
             (partial / STATE).write_text(json.dumps(
                 {"format": FORMAT, "rollout": rollout_id, **state}, indent=1) + "\n")
+            if record is not None:
+                (partial / run_checkpoint.RECORD_FILE).write_text(
+                    json.dumps(record, indent=1) + "\n")
             _fsync_tree(partial)
             if final.exists():  # the same rollout saved again (a resumed run): replace it
                 old = self.save_dir / f".partial-old-{final.name}-{uuid.uuid4().hex[:8]}"

@@ -33,7 +33,7 @@ from runtime.core import algorithm
 from runtime.core.interfaces import GenerationRequest, SamplingParams, TrainBatch
 from runtime.core.slices import JobConfig
 from runtime.rl import rewards
-from runtime.rl.checkpoint import Checkpoints
+from runtime.rl.checkpoint import Checkpoints, record_of
 from runtime.rl.data import PromptSampler
 from runtime.rl.metrics import MetricsLogger
 
@@ -181,7 +181,7 @@ class GRPOLoop:
             with timer.phase("save"):
                 self.checkpoints.save(rollout_id, self.train, {
                     "next_rollout": rollout_id + 1, "weight_version": self.version + 1,
-                    "data": self.sampler.state_dict()})
+                    "data": self.sampler.state_dict()}, record=record_of(config))
 
         if config.colocate:
             with timer.phase("offload"):

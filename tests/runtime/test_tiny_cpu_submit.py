@@ -1,6 +1,7 @@
 """specs/tiny_cpu.toml through `vime submit --local`, as a user runs it: Ray comes up, the
 reward rises, checkpoints are written, and a job killed after its last checkpoint is resumed
-by the next submit and ends where the first one did."""
+by the next submit and ends where the first one did; a spec of another model is then refused
+by `vime plan` (V708)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,14 @@ def test_tiny_cpu_learns_checkpoints_and_resumes(tmp_path):
             assert have[key] == pytest.approx(want[key], abs=RESUME_TOLERANCE), (want["rollout"], key)
     resumed = torch.load(checkpoints / "rollout_000019" / "train" / "model_optim.pt")["model"]
     assert max(float((final[n] - resumed[n]).abs().max()) for n in final) <= RESUME_TOLERANCE
+
+    # The next submit with another model would resume this run: `vime plan` refuses it
+    # (V708, from the record the run wrote) instead of a load that fails after Ray's start.
+    output = ("--set", f'experiment.output_dir="{tmp_path}"')
+    assert vime("plan", str(TINY), *output).returncode == 0
+    changed = vime("plan", str(TINY), *output, "--set", "model.arch.num_hidden_layers=3")
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    assert (f"error[V708]: {checkpoints / 'rollout_000019'}, the checkpoint a submit resumes "
+            "from, was written by another model: num_hidden_layers 2 in the checkpoint, 3 in "
+            "this spec") in changed.stderr
+    assert "vime submit --fresh" in changed.stderr

@@ -1,7 +1,9 @@
-"""V7xx file checks: the torch_dist checkpoint on disk against the run's layout.
+"""V7xx file checks: checkpoints on disk against the run.
 
-resolve reads vime_layout.json beside model.torch_dist_checkpoint when that folder is on the
-machine vime runs on (Spec.torch_dist_layout); these rules only compare and report."""
+resolve reads vime_layout.json beside model.torch_dist_checkpoint (Spec.torch_dist_layout,
+V705 and V706) and the vime_checkpoint.json of the checkpoint a submit would resume from
+(Spec.resume_checkpoint, V708 and V709), when they are on the machine vime runs on; these
+rules only compare and report."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import shlex
 
 from vime.check.registry import Finding, rule
 from vime.resolve import LAYOUT_FILE, LAYOUT_SIZES
-from vime.resolve.spec import Spec
+from vime.resolve.spec import ResumeCheckpoint, Spec
+from vime.run_checkpoint import FORMATS, arch_differences, arch_values
 
 
 def _run_sizes(spec: Spec) -> dict[str, int]:
@@ -85,3 +88,156 @@ def torch_dist_layout_unknown(spec: Spec):
                   "was saved with",
                   help=f"{_convert_help(spec, saved.folder)}; or, if it was saved with this "
                   f"run's layout, write {example} into {saved.folder}/{LAYOUT_FILE}")
+
+
+# ------------------------------------------------------------------ the checkpoint a resume loads
+
+def _start_over(spec: Spec, saved: ResumeCheckpoint) -> str:
+    if saved.folder_key != "experiment.output_dir":
+        return f"set {saved.folder_key} to another folder"
+    command = shlex.join(["vime", "submit", "--fresh", *spec.invocation])
+    return (f"`{command}` (a new run beside this one; nothing is deleted) or another "
+            "experiment.output_dir")
+
+
+def _fix(spec: Spec, saved: ResumeCheckpoint, resume_with: str) -> str:
+    return f"to resume it, {resume_with}; to start over instead, {_start_over(spec, saved)}"
+
+
+def _arch_key(spec: Spec, name: str) -> str:
+    """The key that gave this run's value of a config.json key."""
+    if name in spec.model.arch:
+        return f"model.arch.{name}"
+    kind = spec.origin("model.arch").kind
+    return {"config.json": "model.hf_checkpoint", "preset": "model.preset"}.get(kind, "model.arch")
+
+
+def _toml(value) -> str:
+    return json.dumps(value)  # ints, booleans, strings and lists of ints read the same in TOML
+
+
+@rule("V708", "resume-checkpoint-fits-model", enforced_by="vime")
+def resume_checkpoint_fits_model(spec: Spec):
+    """The checkpoint this run would resume from was written by another model or backend.
+
+    `vime submit` resumes from the newest checkpoint of model.load, else model.save, else
+    <output_dir>/<experiment.name>/checkpoints. After a change of [model.arch] (or of
+    config.json, or the preset) that resume loads tensors of the old shapes into the new
+    model: the torch backend fails in load_state_dict with one `size mismatch for ...` line
+    per tensor (`RayTaskError(RuntimeError): ray::TrainWorker.load()`, 40 s after the
+    submit, issue 15), the Megatron backend in dist-checkpointing; a checkpoint of the other
+    training backend is missing the files this one reads (train/model_optim.pt for torch,
+    train/torch_dist/ for megatron). Every checkpoint vime writes holds a
+    vime_checkpoint.json with the values that decide its tensors (the model type, layers,
+    hidden size, heads, key-value heads, head dim, vocabulary, tied embeddings, which layers
+    are dense, the MLP and expert widths, the expert count) and its backend; vime compares
+    them with the spec when that folder is on the machine vime runs on. A checkpoint written
+    before the record existed is not checked. rope_theta, rms_norm_eps and the router's
+    top-k do not shape a tensor and are not compared.
+    `vime convert` does not help here: it converts model.hf_checkpoint into the initial
+    weights (model.torch_dist_checkpoint), not a run's checkpoint with its optimizer state,
+    and no conversion changes a model's shape.
+    Fix: to resume the run, set the spec back to the values the checkpoint was written with
+    (the message lists them); to train the new model, start a new run: `vime submit --fresh
+    SPEC` makes <experiment.name>-2 beside the old run and deletes nothing, or set another
+    experiment.output_dir (or, when the spec sets them, another model.load / model.save)."""
+    saved = spec.resume_checkpoint
+    if saved is None:
+        return
+    if saved.record is None:
+        yield Finding(saved.folder_key,
+                      f"{saved.record_path} {saved.problem}: vime cannot tell which model and "
+                      f"layout wrote {saved.checkpoint}, the checkpoint a submit resumes from",
+                      help=f"if this run wrote it, resume as before; otherwise "
+                      f"{_start_over(spec, saved)}", severity="warning")
+        return
+    record = saved.record
+    if record["train_backend"] != spec.train.backend:
+        written = FORMATS.get(record["train_backend"])
+        reads = FORMATS.get(spec.train.backend)
+        yield Finding("train.backend",
+                      f"{saved.checkpoint}, the checkpoint a submit resumes from, was written "
+                      f"by the {record['train_backend']} training backend (format "
+                      f"{written.name if written else record.get('format')}, {saved.record_path})"
+                      f"; this run's {spec.train.backend} backend reads "
+                      f"{reads.name if reads else spec.train.backend} checkpoints and cannot "
+                      "load it",
+                      help=_fix(spec, saved, f"set train.backend = {_toml(record['train_backend'])}"),
+                      related=(saved.folder_key,))
+    if spec.arch is None:
+        return
+    now = arch_values(spec.arch)
+    differ = arch_differences(record["arch"], now)
+    if not differ:
+        return
+    keys = [_arch_key(spec, name) for name in differ]
+    written = all(name in spec.model.arch for name in differ)
+    source = "[model.arch]" if written else spec.origin("model.arch").describe()
+    values = "; ".join(f"{name} {_toml(record['arch'][name])} in the checkpoint, "
+                       f"{_toml(now[name])} in this spec" for name in differ)
+    yield Finding(keys[0],
+                  f"{saved.checkpoint}, the checkpoint a submit resumes from, was written by "
+                  f"another model: {values} (the checkpoint's from {saved.record_path}, this "
+                  f"spec's from {source}); loading it would fail on the first tensor of "
+                  "another shape, after the job has started",
+                  help=_fix(spec, saved, "set " + ", ".join(
+                      f"model.arch.{name} = {_toml(record['arch'][name])}" for name in differ)),
+                  related=(*keys[1:], saved.folder_key))
+
+
+@rule("V709", "resume-checkpoint-loads-under-layout", enforced_by="megatron")
+def resume_checkpoint_loads_under_layout(spec: Spec):
+    """The checkpoint this run would resume from was saved under a layout its format cannot load.
+
+    The Megatron backend saves a run's checkpoint with megatron-core's dist-checkpointing
+    (train/torch_dist/): the model's tensors are stored by their global shape and reshard to
+    any tp/pp/ep/etp, but the distributed optimizer's state is stored in megatron-core's
+    `dp_reshardable` form, one tensor per gradient bucket of this rank's parameters, which
+    (megatron-core 0.19, optimizer/distrib_optimizer.py) "allows checkpoint resharding only
+    in DP dimension": under another tp, pp, ep or etp the load fails in dist-checkpointing
+    ("Number of unpadded elements in each bucket need to be the same in current run ... and
+    checkpoint", or keys it cannot find) after the job has started. dp, edp and cp may
+    change (cp does not shape a parameter). Every rank also loads its own rng_rank<r>.pt
+    (its RNG state and Adam's step count), so a run may have fewer training ranks than the
+    one that saved it, not more. The torch backend's checkpoints (rank 0's whole model and
+    optimizer) load under any number of data-parallel ranks, and it has no other
+    parallelism. vime reads the layout from the vime_checkpoint.json that every checkpoint
+    holds (a checkpoint written before it existed is not checked).
+    `vime convert` does not reshard a run's checkpoint: it converts model.hf_checkpoint into
+    model.torch_dist_checkpoint, the initial weights, which V705 compares.
+    Fix: to resume the run, set train.parallel (and the number of training GPUs) back to the
+    layout the checkpoint was saved with (the message gives it); to train under the new
+    layout, start a new run: `vime submit --fresh SPEC` (a new run beside the old one,
+    nothing deleted), or another experiment.output_dir (or model.load / model.save)."""
+    saved = spec.resume_checkpoint
+    if saved is None or saved.record is None or saved.record["train_backend"] != spec.train.backend:
+        return
+    written = FORMATS.get(spec.train.backend)
+    if written is None:
+        return
+    layout = saved.record["layout"]
+    parallel = spec.train.parallel
+    now = {name: getattr(parallel, name) for name in written.must_match}
+    differ = [name for name in written.must_match if layout[name] != now[name]]
+    if differ:
+        was = " ".join(f"{name}={layout[name]}" for name in differ)
+        uses = " ".join(f"{name}={now[name]}" for name in differ)
+        keys = [f"train.parallel.{name}" for name in differ]
+        yield Finding(keys[0],
+                      f"{saved.checkpoint}, the checkpoint a submit resumes from, was saved with "
+                      f"{was} ({saved.record_path}); this run uses {uses}: its {written.name} "
+                      f"format loads only under the {', '.join(written.must_match)} it was saved "
+                      "with (megatron-core's distributed optimizer state reshards over data "
+                      "parallelism only)",
+                      help=_fix(spec, saved, "set " + ", ".join(
+                          f"train.parallel.{name} = {layout[name]}" for name in differ)),
+                      related=(*keys[1:], saved.folder_key))
+    ranks = spec.train.num_gpus
+    if not written.more_ranks and ranks > layout["ranks"]:
+        yield Finding("train.num_gpus",
+                      f"{saved.checkpoint}, the checkpoint a submit resumes from, was saved by "
+                      f"{layout['ranks']} training ranks ({saved.record_path}); this run has "
+                      f"{ranks}: every rank loads its own rng_rank<r>.pt, which ranks "
+                      f"{layout['ranks']} to {ranks - 1} do not have",
+                      help=_fix(spec, saved, f"train on at most {layout['ranks']} GPUs"),
+                      related=(saved.folder_key,))

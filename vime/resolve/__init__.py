@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import typing
 from pathlib import Path as FsPath
 
-from vime import schema
+from vime import run_checkpoint, schema
 from vime.diagnostics import dotted
 from vime.overrides import Positions
 from vime.parse import Path
 from vime.resolve.model import PRESETS, Arch, ArchError, arch_from_config
-from vime.resolve.spec import SECTIONS, Derived, ModelConfig, Origin, SavedLayout, Spec
+from vime.resolve.spec import (
+    SECTIONS,
+    Derived,
+    ModelConfig,
+    Origin,
+    ResumeCheckpoint,
+    SavedLayout,
+    Spec,
+)
 
 # Memory per card in GiB. H100/H800 (81559 MiB) and H200 (143771 MiB, read on an H200 on
 # 2026-11-29) are what the driver reports; the others are the nominal sizes until measured.
@@ -141,6 +150,37 @@ def read_saved_layout(model: dict, spec_dir: FsPath) -> SavedLayout | None:
     return SavedLayout(str(folder), sizes)
 
 
+def resume_folder(values: dict, spec_dir: FsPath, cwd: FsPath) -> tuple[FsPath, str]:
+    """The folder a submit of this spec resumes from, and the key that names it: model.load,
+    else model.save, else <output_dir>/<experiment.name>/checkpoints, with relative paths
+    taken as `vime submit` takes them (vime/launch/paths.py: model paths from the spec's
+    folder unless found only in the working one, output_dir from the working folder;
+    tests/test_resume_checkpoint.py keeps the two the same)."""
+    model, experiment = values["model"], values["experiment"]
+    for key in ("load", "save"):
+        if model.get(key):
+            path = FsPath(os.path.expanduser(model[key]))
+            if not path.is_absolute():
+                path = spec_dir / path if (spec_dir / path).exists() or not (
+                    cwd / path).exists() else cwd / path
+            return FsPath(os.path.normpath(path)), f"model.{key}"
+    output_dir = FsPath(os.path.normpath(cwd / os.path.expanduser(experiment["output_dir"])))
+    return output_dir / experiment["name"] / "checkpoints", "experiment.output_dir"
+
+
+def read_resume_checkpoint(values: dict, spec_dir: FsPath) -> ResumeCheckpoint | None:
+    """The checkpoint a submit would resume from and its vime_checkpoint.json, when the
+    folder is on this machine and the checkpoint has one (V708, V709 compare it)."""
+    folder, key = resume_folder(values, spec_dir, FsPath.cwd())
+    found = run_checkpoint.latest(folder)
+    if found is None:
+        return None
+    saved, problem = run_checkpoint.read_record(found)
+    if saved is None and problem is None:
+        return None  # written before checkpoints had a record: loads as before, unchecked
+    return ResumeCheckpoint(str(found), key, saved, problem)
+
+
 def _derive(values: dict, origins: dict[str, Origin]) -> Derived:
     cluster, train, inference, rollout = (values[k] for k in ("cluster", "train", "inference",
                                                                "rollout"))
@@ -202,13 +242,16 @@ def _build(cls: type, values: dict):
     return cls(**kwargs)
 
 
-def resolve(raw: dict, positions: Positions, spec_dir: FsPath) -> Spec:
+def resolve(raw: dict, positions: Positions, spec_dir: FsPath, resume: bool = True) -> Spec:
+    """resume=False: judged as a fresh start (`vime submit --fresh`), the folder a resume
+    would read is not looked at."""
     values, origins = _with_defaults(raw, positions)
     # [model.arch] and [cluster.env] are open tables: keep them as written
     values["model"]["arch"] = dict(raw.get("model", {}).get("arch", {}))
     values["cluster"]["env"] = dict(raw.get("cluster", {}).get("env", {}))
     resolution = read_arch(values["model"], spec_dir)
     saved_layout = read_saved_layout(values["model"], spec_dir)
+    resume_checkpoint = read_resume_checkpoint(values, spec_dir) if resume else None
     derived = _derive(values, origins)
     sections = {name: _build(cls, values[name]) for name, cls in SECTIONS.items()}
     if resolution.origin is not None:
@@ -221,7 +264,8 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath) -> Spec:
                     if resolution.config is not None else None)
     return Spec(**sections, arch=resolution.arch, derived=derived, arch_problem=problem,
                 model_config=model_config,
-                torch_dist_layout=saved_layout, invocation=invocation, origins=origins)
+                torch_dist_layout=saved_layout, resume_checkpoint=resume_checkpoint,
+                invocation=invocation, origins=origins)
 
 
 __all__ = ["resolve", "read_arch", "read_saved_layout", "ArchResolution", "GPU_MEMORY_GIB", "gpu_name",

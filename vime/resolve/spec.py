@@ -11,6 +11,7 @@ from typing import Literal
 
 from vime.diagnostics import Location
 from vime.resolve.model import Arch
+from vime.run_checkpoint import RECORD_FILE
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,21 @@ class SavedLayout:
 
 
 @dataclass(frozen=True)
+class ResumeCheckpoint:
+    """The checkpoint a submit of this spec would resume from, with the vime_checkpoint.json
+    the runtime wrote into it (vime/run_checkpoint.py), read where vime runs."""
+
+    checkpoint: str  # the checkpoint folder a resume loads
+    folder_key: str  # the key that names its folder: model.load, model.save or experiment.output_dir
+    record: dict | None  # None when it cannot be used (problem says why)
+    problem: str | None = None
+
+    @property
+    def record_path(self) -> str:
+        return f"{self.checkpoint}/{RECORD_FILE}"
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The model's config.json (or preset) as read, before [model.arch] is applied: what the
     support matrix (V102) and the contradiction rule (V103) read. vLLM serves this file."""
@@ -242,6 +258,8 @@ class Spec:
     arch_problem: tuple[str, str] | None = None
     # None when no torch_dist checkpoint is set or its folder is not on this machine
     torch_dist_layout: SavedLayout | None = None
+    # None when the folder a resume reads holds no checkpoint, or one without a record
+    resume_checkpoint: ResumeCheckpoint | None = None
     # None when neither config.json nor a preset was read
     model_config: ModelConfig | None = field(default=None, compare=False)
     # the spec file and its --set arguments as given, for help lines that print a command
