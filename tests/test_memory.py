@@ -9,18 +9,25 @@ SEED1 = ROOT / "specs" / "qwen3_30b.toml"
 NO_CPU_ADAM = ["train.optimizer.cpu_offload=false", "train.optimizer.overlap_cpu_optimizer_d2h_h2d=false"]
 
 
-def test_seed_1_without_cpu_adam_barely_fits_one_node():
-    """Since the chunked loss head (issue 18) the seed's training step fits one node without
-    CPU Adam, with less than 10% headroom (V801 warns); with 64k tokens per GPU it does not."""
+def test_seed_1_needs_cpu_adam_on_one_node():
+    """Without CPU Adam the seed does not fit one node of H100s. Since the chunked loss head
+    (issue 18) its backward did, with under 10% headroom; but without Transformer Engine or
+    Apex megatron-core steps with torch's foreach AdamW, whose transient of 4 bytes per
+    parameter of the expert shard (3.62 B parameters at edp 1: 13.5 GiB) comes on top of the
+    static 65.2 GiB once the backward has freed its 3.4 GiB. The help moves the optimizer and
+    that transient to the host, and suggests no smaller max_tokens_per_gpu (the step is the
+    peak: fewer tokens would not lower it)."""
     assert run_spec(SEED1).ok
     without = run_spec(SEED1, NO_CPU_ADAM)
-    assert without.ok and 0 < without.plan.memory.train.headroom < 0.10
+    assert not without.ok and "V801" in codes(without)
+    terms = {t.name: t.bytes for t in memory_plan(without.spec).train.terms}
+    expert_shard = 128 * 3 * 2048 * 768 * 48 / 8
+    backward = sum(terms[n] for n in ("activations", "uneven routing", "expert stacks", "logits"))
+    assert terms["optimizer step"] == pytest.approx(4 * expert_shard - backward)
     v801 = next(d for d in without.diagnostics if d.code == "V801")
-    assert v801.severity == "warning" and "cpu_offload = true" in v801.help
-    longer = run_spec(SEED1, [*NO_CPU_ADAM, "train.max_tokens_per_gpu=65536"])
-    assert "V801" in codes(longer) and not longer.ok
-    v801 = next(d for d in longer.diagnostics if d.code == "V801")
-    assert "cpu_offload = true" in v801.help and "max_tokens_per_gpu ≤" in v801.help
+    moved = (terms["optimizer"] + terms["optimizer step"]) / GiB
+    assert f"cpu_offload = true (with precision_aware and distributed) moves {moved:.1f} GiB" in v801.help
+    assert "max_tokens_per_gpu ≤" not in v801.help and 'recompute = "full"' not in v801.help
 
 
 def test_seed_2_fits_without_cpu_adam():
@@ -103,3 +110,113 @@ def test_every_spec_shows_a_memory_breakdown(capsys):
 def test_unknown_gpu_skips_memory_with_a_warning():
     result = run_spec(SEED1, ["cluster.gpu=X1"])
     assert result.ok and result.plan.memory is None and "V703" in codes(result)
+
+
+# -- issue 18, item 3: the terms with a recorded measurement ---------------------------------
+
+# one H200, tp = ep = 1, as benchmarks/memory_validation.py plans the measured cases
+ONE_H200 = ["cluster.nodes=1", "cluster.gpus_per_node=1", "cluster.gpu=H200",
+            "train.parallel.tp=1", "train.parallel.ep=1", "train.parallel.sequence_parallel=false",
+            *NO_CPU_ADAM, "train.optimizer.precision_aware=false", "inference.gpus_per_engine=1",
+            "inference.expert_parallel=false", "train.routing_replay=false",
+            "model.arch.num_hidden_layers=2", 'train.recompute="none"', "rollout.batch_size=1",
+            "rollout.n_samples_per_prompt=1", "train.global_batch_size=1"]
+TWO_H200 = [*ONE_H200, "cluster.gpus_per_node=2", "rollout.batch_size=2",
+            "train.global_batch_size=2"]
+SEQUENTIAL = 'cluster.env.VIME_MOE_EXPERTS="sequential"'
+
+
+def _train(sets):
+    result = run_spec(SEED1, sets)
+    return result, {t.name: t for t in memory_plan(result.spec).train.terms}
+
+
+def test_adam_step_transient_one_optimizer_and_chained():
+    """torch's foreach AdamW (megatron-core's fallback without TE or Apex) holds 4 bytes per
+    parameter of a param group for the step (4.00 measured on an H200); the step comes after
+    the backward, so only what it needs beyond the backward's working set is added. One
+    optimizer at ep 1; with ep 2 the dense and expert optimizers step one after the other."""
+    result, terms = _train([*ONE_H200, "train.max_tokens_per_gpu=2048", SEQUENTIAL])
+    shard = actor_shard(result.spec)
+    backward = sum(terms[n].bytes for n in ("activations", "logits"))
+    assert terms["optimizer step"].bytes == pytest.approx(4 * shard.total - backward)
+    assert terms["optimizer step"].basis.kind == "gpu"
+    # with many tokens the backward is the peak: the step adds nothing
+    _, terms = _train([*ONE_H200, "train.max_tokens_per_gpu=65536", SEQUENTIAL])
+    assert terms["optimizer step"].bytes == 0
+    result, terms = _train([*TWO_H200, "train.parallel.ep=2", "train.max_tokens_per_gpu=1024",
+                            "model.arch.num_hidden_layers=4", SEQUENTIAL])
+    shard, dp = actor_shard(result.spec), result.spec.derived.dp
+    assert (dp, result.spec.derived.edp) == (2, 1)
+    step = 4 * max(shard.dense / dp, shard.expert)
+    backward = sum(terms[n].bytes for n in ("activations", "uneven routing", "logits"))
+    assert terms["optimizer step"].bytes == pytest.approx(step - backward)
+    assert terms["optimizer step"].basis.kind == "estimate"  # the chained split: code only
+    _, terms = _train([*ONE_H200, "train.optimizer.cpu_offload=true",
+                       "train.optimizer.overlap_cpu_optimizer_d2h_h2d=true"])
+    assert terms["optimizer step"].bytes == 0  # CPU Adam steps on the host
+
+
+def test_etp_processes_the_rows_of_its_group():
+    """Issue 18: with etp = 2 every rank processed all T·K routed rows, not T/tp: the
+    dispatcher gathers the etp group's rows, each at ffn ÷ etp."""
+    base = [*TWO_H200, "train.parallel.tp=2", "train.parallel.sequence_parallel=true",
+            "train.max_tokens_per_gpu=4096", SEQUENTIAL]
+    _, one = _train([*base, "train.parallel.etp=1", "train.parallel.ep=2"])
+    _, two = _train([*base, "train.parallel.etp=2", "train.parallel.ep=1"])
+    h, f, k, tokens, layers = 2048, 768, 8, 4096, 2
+    row = lambda ffn: 2 * h + 12 * ffn + 24  # noqa: E731
+    # per token and layer: T/tp × K rows at ffn against T/tp × K × 2 rows at ffn ÷ 2
+    difference = tokens * layers * (k / 2) * (2 * row(f / 2) - row(f))
+    assert two["activations"].bytes - one["activations"].bytes == pytest.approx(difference)
+
+
+def test_uneven_routing_is_a_margin_the_spec_tunes():
+    """ep > 1: the busiest rank's routed rows are train.routing_imbalance (default 1.8, issue
+    18's measurement at ep 2) times the mean; the margin is a line of its own, capped at
+    min(ep, experts ÷ top-k); none without expert parallelism or at 1."""
+    base = [*TWO_H200, "train.max_tokens_per_gpu=4096", SEQUENTIAL]
+    _, no_ep = _train(base)
+    assert "uneven routing" not in no_ep
+    result, terms = _train([*base, "train.parallel.ep=2"])
+    assert result.spec.train.routing_imbalance == 1.8
+    routed = 4096 * 2 * 8 * (2 * 2048 + 12 * 768 + 24)  # tokens × layers × K × bytes per row
+    assert terms["uneven routing"].bytes == pytest.approx(0.8 * routed)
+    assert terms["uneven routing"].note.startswith("busiest EP rank routes 1.8× the mean rows")
+    _, terms = _train([*base, "train.parallel.ep=2", "train.routing_imbalance=1.25"])
+    assert terms["uneven routing"].bytes == pytest.approx(0.25 * routed)
+    _, terms = _train([*base, "train.parallel.ep=2", "train.routing_imbalance=1"])
+    assert "uneven routing" not in terms
+    _, terms = _train([*base, "train.parallel.ep=2", "train.routing_imbalance=50"])
+    assert terms["uneven routing"].bytes == pytest.approx(1.0 * routed)  # capped at ep = 2
+    assert codes(run_spec(SEED1, ["train.routing_imbalance=0.5"])) == {"V003"}  # below 1
+
+
+def test_memory_outside_torch_from_the_measurements():
+    """Issue 18: 2.06 GiB outside torch's allocator on one H200 with vime's backend; up to
+    2.0 GiB more for NCCL on two (3.8-4.4 against 2.4 in a stand-in loop). Beyond two GPUs it
+    is an estimate. The offloaded actor keeps the same while the engines generate."""
+    for sets, gib, kind in ((ONE_H200, 2.06, "gpu"), (TWO_H200, 4.06, "gpu"), ([], 4.06, "estimate")):
+        plan = memory_plan(run_spec(SEED1, sets).spec)
+        allowance = next(t for t in plan.train.terms if t.name == "allowance")
+        outside, fragmentation = allowance.parts
+        assert outside.name == "outside torch" and outside.bytes / GiB == pytest.approx(gib)
+        assert outside.basis.kind == kind and fragmentation.basis.kind == "gpu"
+        assert allowance.bytes == outside.bytes + fragmentation.bytes
+        offloaded = next(t for t in plan.rollout.phase.terms if t.name == "offloaded actor")
+        assert offloaded.bytes == outside.bytes
+
+
+def test_expert_path_follows_the_runtime():
+    """The grouped experts by default (their stacks charged), SequentialMLP where [cluster.env]
+    asks for it or the widths do not suit the grouped GEMM (runtime/megatron/model.py)."""
+    result, terms = _train([*ONE_H200, "train.max_tokens_per_gpu=4096"])
+    assert terms["expert stacks"].bytes == 2 * 128 * (2 * 768) * 2048
+    assert terms["activations"].basis.kind == "cpu"  # estimate, CPU-measured, GPU pending
+    _, sequential = _train([*ONE_H200, "train.max_tokens_per_gpu=4096", SEQUENTIAL])
+    assert "expert stacks" not in sequential and sequential["activations"].basis.kind == "gpu"
+    assert sequential["activations"].bytes == terms["activations"].bytes  # same saved tensors
+    _, odd = _train([*ONE_H200, "model.arch.moe_intermediate_size=36"])
+    assert "expert stacks" not in odd and "sequential experts" in odd["activations"].note
+    _, seed = _train([])
+    assert seed["activations"].basis.kind == "estimate"  # tp 4, ep 8: not measured there

@@ -155,6 +155,13 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                                                        use_distributed_optimizer=True),
             Float16Module(self.config, self.gpt))
         opt = slice.optimizer
+        # Without Transformer Engine or Apex, megatron-core's "adam" is torch.optim.AdamW with
+        # torch's defaults: foreach on CUDA, which holds 4 bytes per parameter of a param group
+        # during the step (4.00 measured on an H200, issue 18; vime/plan/memory.py charges it as
+        # "optimizer step"). Its fused path has none, but megatron-core passes no `fused` and
+        # this backend's step-count restore (_fresh_adam_state, _restore_adam_steps) keeps the
+        # steps on the host, where the fused kernel wants them on the device: not switched
+        # without a GPU run to check both.
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=opt.lr, weight_decay=opt.weight_decay,
                             adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2,

@@ -18,13 +18,19 @@ def _train_fixes(spec: Spec, over: float) -> str:
     fixes = []
     opt, par = spec.train.optimizer, spec.train.parallel
     if not opt.cpu_offload and terms["optimizer"] > 0:
+        # the step's transient goes with the optimizer
+        moved = terms["optimizer"] + terms["optimizer step"]
         fixes.append(f"train.optimizer.cpu_offload = true (with precision_aware and distributed) "
-                     f"moves {_gib(terms['optimizer'])} to the host")
-    if spec.train.recompute != "full":
+                     f"moves {_gib(moved)} to the host")
+    # recompute and fewer tokens shrink the backward's working set, not the optimizer step's
+    # transient that follows it: no help once the step is the peak
+    backward_bound = terms["optimizer step"] == 0
+    if spec.train.recompute != "full" and backward_bound:
         fixes.append('train.recompute = "full"')
-    if spec.train.dynamic_batch:
+    if spec.train.dynamic_batch and backward_bound:
         tokens = spec.train.max_tokens_per_gpu
-        per_token = (terms["activations"] + loss_head(spec, tokens)[1]) / tokens
+        per_token = (terms["activations"] + terms.get("uneven routing", 0.0)
+                     + loss_head(spec, tokens)[1]) / tokens
         smaller = int((spec.train.max_tokens_per_gpu * per_token - over) / per_token)
         if smaller > 0:
             fixes.append(f"max_tokens_per_gpu ≤ {smaller // 1024 * 1024}")
@@ -46,12 +52,27 @@ def train_memory_fits(spec: Spec):
     hidden states a chunk of tokens at a time and keeps no [tokens, vocab] logits, so it
     counts per token the hidden states kept for the backward, one chunk's temporaries over
     the vocabulary ÷ tp, or the whole vocabulary with top-p, and the output weight's gradient
-    summed in fp32), a stated allowance for CUDA context, NCCL and fragmentation, and the
-    sleeping vLLM engine when colocated.
+    summed in fp32), the optimizer step's transient beyond that, the memory outside torch's
+    allocator and the allocator's fragmentation (the "allowance"), and the sleeping vLLM
+    engine when colocated.
+    MoE layers: with etp > 1 each rank processes the routed rows of its whole etp group (at
+    ffn ÷ etp); with ep > 1 the busiest rank gets more routed rows than the mean, and the
+    "uneven routing" line charges train.routing_imbalance (default 1.8, the most issue 18
+    measured at ep 2 with random routing: 1.5-1.8× the mean) times the mean rows' activations.
+    Lower it for a router trained with load balancing, raise it for a skewed one; it is capped
+    at min(ep, experts ÷ top-k). The grouped experts (the default where torch's grouped GEMM
+    runs; VIME_MOE_EXPERTS = "sequential" in [cluster.env] turns them off) keep the same
+    activations as SequentialMLP plus one stacked copy of a layer's local fc1 weights and its
+    gradient ("expert stacks"). Without Transformer Engine or Apex, megatron-core steps with
+    torch's foreach AdamW, which adds 4 bytes per parameter of the larger optimizer shard for
+    the step ("optimizer step", measured on an H200; the activations are freed by then).
     At run time this is "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
     in the first training step, after the queue wait and the model load. A warning means
     less than 10% headroom: real runs vary with sequence lengths and routing imbalance.
-    The breakdown is in `vime plan`; docs/memory-validation.md says how close it is.
+    The breakdown is in `vime plan`, each line marked by what it was checked against (● a GPU
+    measurement, ◐ the CPU only, ○ the model's estimate; `plan --json` names the measurement and
+    the error seen): the less of the peak is ●, the less a small headroom means.
+    docs/memory-validation.md says how close it is.
     Fix: the help line lists what would make it fit (CPU Adam, recompute, fewer tokens per
     GPU, more expert parallelism)."""
     plan = memory_plan(spec)

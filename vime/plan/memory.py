@@ -12,8 +12,9 @@ can print the breakdown and a user can argue with any line. Sources:
   loss head, which computes the log-probs a chunk of tokens at a time (runtime/core/loss_head.py);
 - vLLM: the KV-cache budget of v1/worker/gpu_worker.py `determine_available_memory`
   (shared/reference/vllm.md §3.3).
-The allowances (CUDA context, NCCL, allocator fragmentation, CUDA graphs) are stated
-constants, validated against measurements in docs/memory-validation.md.
+The allowances (memory outside torch's allocator, fragmentation, CUDA graphs) are stated
+constants from the measurements cited beside them (docs/memory-validation.md). Every term
+carries its Basis (vime/plan/evidence.py): measured on a GPU, on the CPU only, or an estimate.
 """
 
 from __future__ import annotations
@@ -21,14 +22,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import ceil
 
+from vime.plan import evidence
+from vime.plan.evidence import Basis
 from vime.plan.placement import actor_layout
 from vime.resolve.model import Arch
 from vime.resolve.spec import Spec
 
 GiB = 1024**3
 # Allowances, per GPU.
-CUDA_CONTEXT = 0.6 * GiB  # CUDA context + cuBLAS/cuDNN workspaces
-NCCL_BUFFERS = 1.0 * GiB  # communicators of the tp/dp/ep/pp groups
+# The actor's memory outside torch's caching allocator (CUDA context, cuBLAS workspaces, loaded
+# kernels, NCCL's communicators), which neither max_memory_allocated nor max_memory_reserved
+# counts. Issue 18 measured 2.06 GiB on every case of vime's own backend step on one H200
+# (seven shapes, 4k-24k tokens); a stand-in megatron-core loop held 2.4 GiB on one GPU and
+# 3.8-4.4 GiB on each of two, so groups of more than one rank add up to 2.0 GiB (4.4 - 2.4, the
+# most seen). Not measured beyond two GPUs. (The planner had 0.6 + 1.0 GiB.)
+ACTOR_OUTSIDE_TORCH = 2.06 * GiB
+ACTOR_NCCL = 2.0 * GiB
+CUDA_CONTEXT = 0.6 * GiB  # a vLLM engine's CUDA context + cuBLAS workspaces (not measured)
 FRAGMENTATION = 0.10  # caching-allocator slack (reserved over allocated), measured 3-15%
 VLLM_NON_TORCH = 1.0 * GiB  # NCCL + custom all-reduce buffers inside a vLLM worker
 VLLM_GRAPH_BASE, VLLM_GRAPH_EACH = 0.25 * GiB, 24 * 1024**2  # CUDA graphs: pool + per captured size
@@ -43,6 +53,8 @@ class Term:
     name: str
     bytes: float
     note: str = ""
+    basis: Basis = evidence.UNMEASURED  # what the term was checked against (vime/plan/evidence.py)
+    parts: tuple[Term, ...] = ()  # a sum of parts with bases of their own (the allowance)
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,15 @@ class Phase:
     @property
     def headroom(self) -> float:
         return (self.capacity - self.peak) / self.capacity if self.capacity else 0.0
+
+    def by_basis(self) -> dict[str, float]:
+        """Bytes of the peak by the kind of their basis (gpu, cpu, estimate); a term made of
+        parts counts each part by its own."""
+        shares = dict.fromkeys(evidence.KINDS, 0.0)
+        for term in self.terms:
+            for part in term.parts or (term,):
+                shares[part.basis.kind] += part.bytes
+        return shares
 
 
 @dataclass(frozen=True)
@@ -144,15 +165,69 @@ def vllm_weight_params(spec: Spec) -> float:
 
 # -- training ------------------------------------------------------------------------------
 
-def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool) -> float:
+# runtime/megatron/model.py's switch between the experts' two paths (EXPERTS_ENV there;
+# tests/oracle/test_megatron_moe_activations.py keeps the names equal)
+EXPERTS_ENV = "VIME_MOE_EXPERTS"
+GROUPED_GEMM_ALIGN = 8  # runtime/megatron/grouped_experts.py's _ALIGN: bf16 elements in 16 bytes
+
+
+def expert_path(spec: Spec) -> tuple[str, str]:
+    """("grouped" | "sequential", why): the experts the Megatron backend will build, as
+    runtime/megatron/model.py's choose_experts decides on the nodes. What the spec shows is
+    judged here ([cluster.env]'s VIME_MOE_EXPERTS, grouped_experts.unsupported_reason's widths;
+    the backend's weights are bf16 and Qwen3's experts have no bias); the device probe is
+    assumed to pass (every card of the planner's table is compute capability 8.0 or newer)."""
+    arch, etp = spec.arch, spec.train.parallel.etp
+    asked = str(spec.cluster.env.get(EXPERTS_ENV, "auto"))
+    if asked == "sequential":
+        return "sequential", f"{EXPERTS_ENV} = sequential in [cluster.env]"
+    ffn = arch.moe_ffn_hidden_size
+    if arch.hidden_size % GROUPED_GEMM_ALIGN or ffn % etp or (ffn // etp) % GROUPED_GEMM_ALIGN:
+        return "sequential", (f"hidden {arch.hidden_size}, ffn {ffn} ÷ etp {etp}: the grouped "
+                              f"GEMM needs multiples of {GROUPED_GEMM_ALIGN}")
+    return "grouped", "torch's grouped GEMM (the backend's default where it runs)"
+
+
+def routing_imbalance(spec: Spec) -> float:
+    """The busiest expert-parallel rank's routed rows over the mean (train.routing_imbalance),
+    1 without expert parallelism. Capped where every routed row of a token could go to one
+    rank: min(K, experts ÷ ep) of its K rows, against K ÷ ep on average."""
+    arch, ep = spec.arch, spec.train.parallel.ep
+    if not arch.is_moe or ep == 1:
+        return 1.0
+    return min(spec.train.routing_imbalance, ep, arch.num_experts / arch.topk)
+
+
+# Saved for the backward per routed (token, expert) row of an MoE layer, in bytes: the permuted
+# input (2·hidden), the fc1 output (4·ffn: gate and up), the SiLU output, the up projection the
+# GLU multiplies (+ glu_linear_offset, a new tensor), the GLU product the routing probability
+# multiplies, the bf16 weighted product fc2 keeps (2·ffn each), and 24 bytes of routing
+# bookkeeping (int64 top-k index and permutation index, fp32 top-k and permuted
+# probabilities). Per token of the layer: the router's input (2·hidden, the norm's output) and
+# an int64 [tokens, experts] map (8·experts). Counted from megatron-core 0.19's MLP, router and
+# alltoall dispatcher and runtime/megatron/grouped_experts.py, and measured equal to the byte
+# for SequentialMLP and GroupedMLP on the CPU with a real MoE layer, five shapes
+# (tests/oracle/test_megatron_moe_activations.py). The planner had 4·hidden + 6·ffn per row.
+ROUTED_ROW_HIDDEN_BYTES, ROUTED_ROW_FFN_BYTES, ROUTED_ROW_BYTES = 2, 12, 24
+ROUTER_EXPERT_BYTES = 8
+# A dense MLP per token: fc1's output, the SiLU output, the up projection and the GLU product
+# fc2 keeps (4 + 2 + 2 + 2 bytes per ffn entry), its input being the norm's output; measured on
+# the CPU (same test). The planner had 6.
+DENSE_FFN_BYTES = 10
+
+
+def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool,
+                                      imbalance: float = 1.0) -> float:
     """Bytes one token leaves in one layer for the backward pass (bf16, flash attention).
 
     Attention: the layer-norm input and output (split over tp with sequence parallelism),
-    q/k/v, their q/k-norm and RoPE outputs, the attention output and its fp32 log-sum-exp.
-    MoE: the pre-MLP norm input and output, fp32 router logits and probabilities, and per
-    routed copy (top-k): the permuted input, fc1 output (gate and up), the SwiGLU output and
-    the fc2 output kept for the probability-weighted unpermute. Calibrated against megatron-core
-    on an H200 (docs/memory-validation.md: 155 KiB measured per token per Qwen3-30B-A3B layer).
+    q/k/v, their q/k-norm and RoPE outputs, the attention output and its fp32 log-sum-exp
+    (the attention part as calibrated on an H200: docs/memory-validation.md). MLP: the
+    pre-MLP norm input and output, then the dense MLP's or the MoE layer's own tensors (the
+    constants above). With sequence parallelism each TP rank routes its own slice of the
+    tokens; with etp > 1 the dispatcher gathers the rows of the etp group, so each rank
+    processes etp times its slice's routed rows at ffn ÷ etp (issue 18 saw every rank of etp 2
+    process all T·K rows); `imbalance` scales the routed rows of the busiest EP rank.
     """
     par = spec.train.parallel
     h, d, tp = arch.hidden_size, arch.head_dim, par.tp
@@ -163,13 +238,101 @@ def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool) -> floa
     if spec.train.recompute == "selective":
         attention -= 2 * q / tp  # core attention output is recomputed
     if moe:
-        # with SP each TP rank dispatches its own slice of the tokens
         local = 1 / seq_split
-        fm = arch.moe_ffn_hidden_size / par.etp
-        mlp = 4 * h / seq_split + local * (8 * arch.num_experts + arch.topk * (4 * h + 6 * fm))
+        rows = local * arch.topk * par.etp * imbalance  # routed rows per token of the batch
+        ffn = arch.moe_ffn_hidden_size / par.etp
+        mlp = (4 * h / seq_split + local * ROUTER_EXPERT_BYTES * arch.num_experts
+               + rows * (ROUTED_ROW_HIDDEN_BYTES * h + ROUTED_ROW_FFN_BYTES * ffn
+                         + ROUTED_ROW_BYTES))
     else:
-        mlp = 4 * h / seq_split + 6 * arch.ffn_hidden_size / tp
+        mlp = 4 * h / seq_split + DENSE_FFN_BYTES * arch.ffn_hidden_size / tp
     return attention + mlp
+
+
+def _stored_activations(spec: Spec, tokens: int, imbalance: float) -> float:
+    arch, par = spec.arch, spec.train.parallel
+    layers = arch.num_layers / par.pp
+    moe_share = arch.num_moe_layers / arch.num_layers
+    per_layer = (moe_share * _layer_activation_bytes_per_token(arch, spec, True, imbalance)
+                 + (1 - moe_share) * _layer_activation_bytes_per_token(arch, spec, False))
+    if spec.train.recompute == "full":
+        # uniform recompute of 1 layer: each layer keeps its input; one layer is recomputed
+        # (and its activations live) at a time during the backward pass
+        seq_split = par.tp if par.sequence_parallel else 1
+        return tokens * (2 * arch.hidden_size / seq_split * layers + per_layer)
+    return tokens * per_layer * layers
+
+
+def expert_stacks(spec: Spec) -> float:
+    """GroupedMLP's transient (runtime/megatron/grouped_experts.py): each grouped GEMM stacks
+    its projection's local expert weights, and the backward's weight gradient comes stacked
+    [E, out, in] until every expert's part is added to its main gradient. The largest is fc1's,
+    2·ffn ÷ etp × hidden bf16 per local expert; one at a time (0.83-0.92 of this measured above
+    SequentialMLP's peak on the CPU, tests/oracle/test_megatron_moe_activations.py)."""
+    arch, par = spec.arch, spec.train.parallel
+    return expert_stack_bytes(arch.num_experts / par.ep, arch.moe_ffn_hidden_size / par.etp,
+                              arch.hidden_size)
+
+
+def expert_stack_bytes(local_experts: float, ffn: float, hidden: int) -> float:
+    """One stacked bf16 copy of the local experts' fc1 weights ([E, 2·ffn, hidden])."""
+    return 2 * local_experts * 2 * ffn * hidden
+
+
+# torch's AdamW, where megatron-core falls back to it (neither Transformer Engine's nor Apex's
+# FusedAdam imports: megatron/core/optimizer/__init__.py; the backend installs neither): on CUDA
+# its default foreach path (torch/optim/adam.py, _multi_tensor_adam) takes the square root of
+# every second moment of a param group into a new fp32 list, 4 bytes per parameter of the
+# group, freed when the step ends. Measured: 4.00 bytes per parameter above the resident state
+# on an H200 (docs/data/h200-megatron-memory-2026-11-29.jsonl, peak_step_gib - resident_gib).
+ADAM_STEP_BYTES = 4
+
+
+def adam_step_transient(spec: Spec) -> float:
+    """Bytes the optimizer step adds on the GPU for a moment, after the backward has freed the
+    activations. megatron-core builds one optimizer for expert parameters and one for the rest
+    when experts are marked allreduce=False (ep > 1, or etp ≠ tp: tensor_parallel/layers.py)
+    and steps them one after the other (ChainedOptimizer), so the larger shard counts; with one
+    optimizer, every parameter of this rank's shard."""
+    par, opt, d = spec.train.parallel, spec.train.optimizer, spec.derived
+    if opt.cpu_offload:
+        return 0.0  # HybridDeviceOptimizer: the whole optimizer steps on the host
+    shard = actor_shard(spec)
+    dense = shard.dense / (d.dp * par.cp if opt.distributed else 1)
+    expert = shard.expert / (d.edp if opt.distributed else 1)
+    chained = par.ep > 1 or par.etp != par.tp
+    return ADAM_STEP_BYTES * (max(dense, expert) if chained else dense + expert)
+
+
+def _adam_step_basis(spec: Spec) -> Basis:
+    par = spec.train.parallel
+    if spec.train.optimizer.cpu_offload:
+        return evidence.NO_ADAM_STEP
+    return evidence.ADAM_STEP_CHAINED if par.ep > 1 or par.etp != par.tp else evidence.ADAM_STEP
+
+
+# The layer shapes the H200 measured (Qwen3-30B-A3B's): outside them, or at another layout, the
+# activation term is an estimate (issue 18 found other shapes over-predicted).
+MEASURED_LAYER = {"hidden_size": 2048, "num_attention_heads": 32, "num_kv_heads": 4,
+                  "head_dim": 128, "num_experts": 128, "topk": 8, "moe_ffn_hidden_size": 768}
+
+
+def _activations_basis(spec: Spec, path: str | None) -> Basis:
+    arch, par = spec.arch, spec.train.parallel
+    measured = (arch.is_moe and all(getattr(arch, k) == v for k, v in MEASURED_LAYER.items())
+                and par.tp == par.cp == par.ep == par.etp == 1)
+    if not measured:
+        return evidence.ACTIVATIONS_UNMEASURED
+    return evidence.ACTIVATIONS_GROUPED if path == "grouped" else evidence.ACTIVATIONS_SEQUENTIAL
+
+
+def actor_outside_torch(spec: Spec) -> tuple[float, Basis]:
+    """The actor process's memory outside torch's allocator on one GPU, and its basis."""
+    gpus = spec.train.num_gpus
+    if gpus == 1:
+        return ACTOR_OUTSIDE_TORCH, evidence.OUTSIDE_TORCH_ONE_GPU
+    basis = evidence.OUTSIDE_TORCH_TWO_GPUS if gpus == 2 else evidence.OUTSIDE_TORCH_MORE_GPUS
+    return ACTOR_OUTSIDE_TORCH + ACTOR_NCCL, basis
 
 
 # The loss head (runtime/core/loss_head.py, issue 18): the log-probs and entropy from the final
@@ -212,6 +375,20 @@ def loss_head(spec: Spec, tokens: int) -> tuple[float, float, str]:
     return chunk + weight_grad + tokens * per_token, tokens * per_token, note
 
 
+def micro_batch_tokens(spec: Spec) -> tuple[int, str]:
+    """Tokens a GPU processes in one micro-batch, and how that number was found."""
+    train, par = spec.train, spec.train.parallel
+    if train.dynamic_batch:
+        return train.max_tokens_per_gpu, f"max_tokens_per_gpu {train.max_tokens_per_gpu}"
+    seq = spec.rollout.max_prompt_len + spec.rollout.max_response_len
+    return (train.micro_batch_size * seq // par.cp,
+            f"micro batch {train.micro_batch_size} × {seq} tokens ÷ cp {par.cp}")
+
+
+# the terms live together at the backward's peak; the optimizer step comes after them
+BACKWARD_TERMS = ("activations", "uneven routing", "expert stacks", "logits")
+
+
 def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
     arch, par, opt, train = spec.arch, spec.train.parallel, spec.train.optimizer, spec.train
     d = spec.derived
@@ -219,50 +396,65 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
     dense_shards = d.dp * par.cp if opt.distributed else 1
     expert_shards = d.edp if opt.distributed else 1
     optimizer_state = 12 * (shard.dense / dense_shards + shard.expert / expert_shards)
+    static = evidence.STATIC_STATE
     terms = [
-        Term("weights", 2 * shard.total, f"bf16, {shard.total / 1e9:.2f} B params on this GPU"),
-        Term("gradients", 4 * shard.total, "fp32 main-grad buffer"),
+        Term("weights", 2 * shard.total, f"bf16, {shard.total / 1e9:.2f} B params on this GPU",
+             static),
+        Term("gradients", 4 * shard.total, "fp32 main-grad buffer", static),
     ]
     if opt.cpu_offload:
-        terms.append(Term("optimizer", 0.0, "fp32 params + Adam moments on the host (CPU Adam)"))
+        terms.append(Term("optimizer", 0.0, "fp32 params + Adam moments on the host (CPU Adam)",
+                          evidence.CPU_ADAM))
     else:
         where = (f"sharded over dp×cp = {dense_shards} (dense) and edp = {expert_shards} (experts)"
                  if opt.distributed else "not sharded (no distributed optimizer)")
-        terms.append(Term("optimizer", optimizer_state, f"fp32 params + 2 moments, {where}"))
+        terms.append(Term("optimizer", optimizer_state, f"fp32 params + 2 moments, {where}",
+                          static))
 
-    # tokens a GPU processes in one micro-batch
-    if train.dynamic_batch:
-        tokens = train.max_tokens_per_gpu
-        token_note = f"max_tokens_per_gpu {tokens}"
-    else:
-        seq = spec.rollout.max_prompt_len + spec.rollout.max_response_len
-        tokens = train.micro_batch_size * seq // par.cp
-        token_note = f"micro batch {train.micro_batch_size} × {seq} tokens ÷ cp {par.cp}"
+    tokens, token_note = micro_batch_tokens(spec)
+    path = expert_path(spec)[0] if arch.is_moe else None
+    imbalance = routing_imbalance(spec)
+    balanced = _stored_activations(spec, tokens, 1.0)
     layers = arch.num_layers / par.pp
-    moe_share = arch.num_moe_layers / arch.num_layers
-    per_layer = (moe_share * _layer_activation_bytes_per_token(arch, spec, True)
-                 + (1 - moe_share) * _layer_activation_bytes_per_token(arch, spec, False))
-    seq_split = par.tp if par.sequence_parallel else 1
-    if train.recompute == "full":
-        # uniform recompute of 1 layer: each layer keeps its input; one layer is recomputed
-        # (and its activations live) at a time during the backward pass
-        stored = tokens * (2 * arch.hidden_size / seq_split * layers + per_layer)
-        how = "full recompute: layer inputs + one layer"
-    else:
-        stored = tokens * per_layer * layers
-        how = f"{train.recompute} recompute, {layers:g} layers"
-    terms.append(Term("activations", stored, f"{token_note}; {how}"))
+    how = ("full recompute: layer inputs + one layer" if train.recompute == "full"
+           else f"{train.recompute} recompute, {layers:g} layers")
+    experts = f", {path} experts" if path else ""
+    backward = [Term("activations", balanced, f"{token_note}{experts}; {how}",
+                     _activations_basis(spec, path))]
+    if imbalance > 1:
+        backward.append(Term("uneven routing",
+                             _stored_activations(spec, tokens, imbalance) - balanced,
+                             f"busiest EP rank routes {imbalance:g}× the mean rows "
+                             "(train.routing_imbalance)", evidence.UNEVEN_ROUTING))
+    if path == "grouped":
+        backward.append(Term("expert stacks", expert_stacks(spec),
+                             f"{arch.num_experts // par.ep} local experts' fc1 weights and "
+                             "gradient, stacked", evidence.EXPERT_STACKS))
     # the loss head (the term keeps its name, "logits", for readers of plan.json)
     head, _per_token, note = loss_head(spec, tokens)
-    terms.append(Term("logits", head, note))
+    backward.append(Term("logits", head, note, evidence.LOSS_HEAD))
+    terms += backward
+    # the step comes after the backward has freed the terms above: it adds what it needs beyond
+    step = adam_step_transient(spec)
+    working = sum(t.bytes for t in backward)
+    step_note = ("CPU Adam: on the host" if opt.cpu_offload else
+                 f"foreach AdamW, {ADAM_STEP_BYTES} B per param: {step / GiB:.1f} GiB at the step, "
+                 f"less the backward's {working / GiB:.1f} freed by then")
+    terms.append(Term("optimizer step", max(step - working, 0.0), step_note,
+                      _adam_step_basis(spec)))
     allocated = sum(t.bytes for t in terms)
-    terms.append(Term("allowance", CUDA_CONTEXT + NCCL_BUFFERS + FRAGMENTATION * allocated,
-                      f"CUDA context {CUDA_CONTEXT / GiB:.1f} + NCCL {NCCL_BUFFERS / GiB:.1f} GiB "
-                      f"+ {FRAGMENTATION:.0%} fragmentation"))
+    outside, outside_basis = actor_outside_torch(spec)
+    parts = (Term("outside torch", outside, "CUDA context, cuBLAS, NCCL", outside_basis),
+             Term("fragmentation", FRAGMENTATION * allocated,
+                  f"{FRAGMENTATION:.0%} of the allocated", evidence.FRAGMENTATION))
+    terms.append(Term("allowance", sum(p.bytes for p in parts),
+                      f"outside torch {outside / GiB:.2f} GiB (CUDA context, NCCL) "
+                      f"+ {FRAGMENTATION:.0%} fragmentation",
+                      evidence.weakest(p.basis for p in parts), parts))
     if train.colocate:
         terms.append(Term("sleeping engine", _engine_residual(spec),
                           "vLLM asleep (level 1): weights on the host, KV cache freed; "
-                          "context and CUDA graphs stay"))
+                          "context and CUDA graphs stay", evidence.SLEEPING_ENGINE))
     return Phase("train", tuple(terms), gpu_bytes)
 
 
@@ -279,8 +471,9 @@ def _engine_residual(spec: Spec) -> float:
 
 
 def _actor_residual(spec: Spec) -> float:
-    """What the offloaded actor leaves on a GPU while the engines generate."""
-    return CUDA_CONTEXT + NCCL_BUFFERS
+    """What the offloaded actor leaves on a GPU while the engines generate: its memory outside
+    torch's allocator (the CUDA context and NCCL's buffers stay)."""
+    return actor_outside_torch(spec)[0]
 
 
 def max_num_batched_tokens(gpu_bytes: float) -> int:
@@ -306,15 +499,18 @@ def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     max_len = spec.rollout.max_prompt_len + spec.rollout.max_response_len
     engines = max(d.num_engines, 1)
     terms = [
-        Term("weights", weights, f"bf16, TP {d.vllm_tp}, EP {d.vllm_ep}"),
-        Term("activations", activation, f"profile run of {batched} tokens + sampler"),
-        Term("cuda graphs", graphs, f"{len(inf.cudagraph_capture_sizes or ()) or 'default'} sizes"),
-        Term("context + NCCL", VLLM_NON_TORCH + CUDA_CONTEXT, ""),
-        Term("kv cache", max(kv, 0.0), f"{kv_tokens} tokens per DP rank"),
+        Term("weights", weights, f"bf16, TP {d.vllm_tp}, EP {d.vllm_ep}", evidence.VLLM),
+        Term("activations", activation, f"profile run of {batched} tokens + sampler",
+             evidence.VLLM),
+        Term("cuda graphs", graphs, f"{len(inf.cudagraph_capture_sizes or ()) or 'default'} sizes",
+             evidence.VLLM),
+        Term("context + NCCL", VLLM_NON_TORCH + CUDA_CONTEXT, "", evidence.VLLM),
+        Term("kv cache", max(kv, 0.0), f"{kv_tokens} tokens per DP rank", evidence.VLLM),
     ]
     if spec.train.colocate:
         terms.append(Term("offloaded actor", _actor_residual(spec),
-                          "actor weights, grads and optimizer moved to the host"))
+                          "actor state on the host; its CUDA context and NCCL stay",
+                          actor_outside_torch(spec)[1]))
     phase = Phase("rollout", tuple(terms), gpu_bytes)
     return Rollout(phase, kv, kv_per_token, kv_tokens, max_len,
                    sequences_at_once=(kv_tokens // max_len) * inf.data_parallel_size,
@@ -333,15 +529,16 @@ def host_terms(spec: Spec) -> tuple[Term, ...]:
         dense_shards = d.dp * spec.train.parallel.cp
         state = 16 * (shard.dense / dense_shards + shard.expert / d.edp)
         terms.append(Term("CPU Adam", state * actor_gpus_per_node,
-                          "fp32 params, 2 moments and fp32 grads, per GPU × GPUs on the node"))
+                          "fp32 params, 2 moments and fp32 grads, per GPU × GPUs on the node",
+                          evidence.HOST))
     if spec.train.colocate:
         terms.append(Term("offloaded actor weights", 2 * shard.total * actor_gpus_per_node,
-                          "bf16 copy while the engines generate"))
+                          "bf16 copy while the engines generate", evidence.HOST))
         terms.append(Term("sleeping engine weights", 2 * vllm_weight_params(spec) * gpn,
-                          "vLLM sleep level 1 keeps weights on the host"))
+                          "vLLM sleep level 1 keeps weights on the host", evidence.HOST))
     if spec.algorithm.kl_loss_coef > 0:
         terms.append(Term("reference model", 2 * shard.total * actor_gpus_per_node,
-                          "bf16 reference weights for the KL term"))
+                          "bf16 reference weights for the KL term", evidence.HOST))
     return tuple(terms)
 
 
@@ -381,6 +578,6 @@ def memory_plan(spec: Spec) -> MemoryPlan | None:
     terms = host_terms(spec)
     if host is not None:
         terms += (Term("Ray object store", RAY_OBJECT_STORE_FRACTION * host * GiB,
-                       "30% of host memory, Ray's default"),)
+                       "30% of host memory, Ray's default", evidence.HOST),)
     return MemoryPlan(gpu_bytes, train_phase(spec, gpu_bytes), rollout_phase(spec, gpu_bytes),
                       terms, host * GiB if host is not None else None)

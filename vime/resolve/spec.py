@@ -140,6 +140,7 @@ class Train:
     routing_replay: bool
     num_gpus: int
     recompute: str
+    routing_imbalance: float
     parallel: Parallel
     optimizer: Optimizer
 
