@@ -220,3 +220,39 @@ def test_expert_path_follows_the_runtime():
     assert "expert stacks" not in odd and "sequential experts" in odd["activations"].note
     _, seed = _train([])
     assert seed["activations"].basis.kind == "estimate"  # tp 4, ep 8: not measured there
+
+
+def test_every_term_says_what_it_was_checked_against(capsys):
+    """Issue 18, item 5: each line of the breakdown has a basis (a GPU measurement, the CPU
+    only, or the model's estimate) in plan --json, with its evidence and sources, and a mark
+    in the text; each phase's peak is split by basis."""
+    import json
+
+    from vime.cli import main
+    from vime.plan.evidence import KINDS, LEGEND, MARKS
+
+    assert main(["plan", str(SEED1), "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    for phase in ("train", "rollout", "host"):
+        for term in memory["breakdown"][phase]:
+            basis = term["basis"]
+            assert basis["kind"] in KINDS and basis["evidence"], term
+            assert all(isinstance(s, str) for s in basis["sources"])
+            assert {"name", "gib", "note"} <= set(term)  # the keys of before stay
+    for phase in ("train", "rollout"):
+        split = memory["peak_by_basis_gib"][phase]
+        assert set(split) == set(KINDS)
+        assert sum(split.values()) == pytest.approx(memory[f"{phase}_peak_gib"], abs=0.03)
+    allowance = next(t for t in memory["breakdown"]["train"] if t["name"] == "allowance")
+    assert [p["name"] for p in allowance["parts"]] == ["outside torch", "fragmentation"]
+
+    assert main(["plan", str(SEED1)]) == 0
+    text = capsys.readouterr().out.split("memory per GPU")[1]
+    assert all(LEGEND[k] in text for k in KINDS)
+    terms = [t for p in ("train", "rollout") for t in memory["breakdown"][p]]
+    marked = [line for line in text.splitlines()
+              if line.startswith("    ") and line[4:22].strip() in {t["name"] for t in terms}]
+    assert len(marked) == len(terms)
+    for line, term in zip(marked, terms, strict=True):
+        assert line[30] == MARKS[term["basis"]["kind"]], line
+    assert "the peak by basis: ● " in text

@@ -7,6 +7,7 @@ from itertools import chain, repeat
 
 from vime.diagnostics import Diagnostic
 from vime.plan import Plan
+from vime.plan.evidence import KINDS, LEGEND, MARKS
 from vime.plan.memory import RAY_OBJECT_STORE_FRACTION, torch_memory, uses_torch_backend
 from vime.words import count_unit, plural
 
@@ -192,17 +193,22 @@ def _memory_text(plan: Plan) -> list[str]:
     if mem is None:
         return ["", "memory: not planned (unknown GPU memory; set cluster.gpu_memory_gib)"]
     gib = 1024**3
-    out = ["", f"memory per GPU ({mem.gpu_bytes / gib:g} GiB)"]
+    out = ["", f"memory per GPU ({mem.gpu_bytes / gib:g} GiB)",
+           "  " + "  ".join(f"{MARKS[k]} {LEGEND[k]}" for k in KINDS)]
     roll = mem.rollout
     for phase in (mem.train, roll.phase):
+        shares = phase.by_basis()
         out.append(f"  {phase.name:<8} peak {phase.peak / gib:6.1f} GiB, "
-                   f"headroom {phase.headroom:.0%}")
+                   f"headroom {phase.headroom:.0%}; the peak by basis: "
+                   + " ".join(f"{MARKS[k]} {shares[k] / gib:.1f}" for k in KINDS) + " GiB")
         for term in phase.terms:
-            line = f"    {term.name:<18}{term.bytes / gib:7.1f}  {term.note}".rstrip()
+            line = f"    {term.name:<18}{term.bytes / gib:7.1f} {term.basis.mark} {term.note}".rstrip()
             out.append(line if len(line) <= WIDTH else line[: WIDTH - 1] + "…")
     out.append(f"  KV cache: {roll.kv_tokens} tokens per DP rank = {roll.sequences_at_once} "
                f"sequences of {roll.max_len} tokens at once per engine")
     out.append(f"            (a rollout gives each engine {plural(roll.samples_per_engine, 'sample')})")
+    out.append("  what each mark rests on and the error seen: `vime plan --json`, "
+               "memory.breakdown[].basis")
     if mem.host_terms:
         # the same total and parts as V804 (vime/check/memory.py) compares with the node
         if mem.host_capacity is not None:
@@ -215,7 +221,8 @@ def _memory_text(plan: Plan) -> list[str]:
                        f"{least / gib:.1f} GiB")
         line = "   "
         for i, t in enumerate(mem.host_terms):
-            part = f" {t.name} {t.bytes / gib:.1f}" + (" +" if i < len(mem.host_terms) - 1 else "")
+            part = (f" {t.name} {t.bytes / gib:.1f} {t.basis.mark}"
+                    + (" +" if i < len(mem.host_terms) - 1 else ""))
             if len(line) + len(part) > WIDTH:
                 out.append(line)
                 line = "   "

@@ -118,8 +118,20 @@ def _memory(plan: Plan) -> dict | None:
     if mem is None:
         return None
 
+    def basis(b):
+        return {"kind": b.kind, "evidence": b.evidence, "sources": list(b.sources)}
+
     def terms(items):
-        return [{"name": t.name, "gib": _gib(t.bytes), "note": t.note} for t in items]
+        out = []
+        for t in items:
+            term = {"name": t.name, "gib": _gib(t.bytes), "note": t.note, "basis": basis(t.basis)}
+            if t.parts:
+                term["parts"] = terms(t.parts)
+            out.append(term)
+        return out
+
+    def by_basis(phase):
+        return {kind: _gib(value) for kind, value in phase.by_basis().items()}
 
     roll = mem.rollout
     return {
@@ -133,6 +145,8 @@ def _memory(plan: Plan) -> dict | None:
                      "samples_per_engine": roll.samples_per_engine},
         "breakdown": {"train": terms(mem.train.terms), "rollout": terms(roll.phase.terms),
                       "host": terms(mem.host_terms)},
+        # how much of each peak was checked against a measurement (vime/plan/evidence.py)
+        "peak_by_basis_gib": {"train": by_basis(mem.train), "rollout": by_basis(roll.phase)},
     }
 
 
