@@ -243,18 +243,13 @@ def _preflight_here(prepared, source, ray_address: str | None) -> None:
         return
     if prepared.launch["driver"] != submit.DEFAULT_DRIVER:
         return  # another driver (VIME_DRIVER) may read no prompts
-    from runtime.core.slices import _path
+    from runtime.node.preflight import prompt_data_problem
 
-    # the node's own check and message (runtime/core/slices.py), from the same folders
-    try:
-        prompts = _path(prepared.plan.spec.data.prompt_data, Path(source.name).resolve().parent,
-                        must_exist=True)
-        with open(prompts, "rb"):
-            pass
-    except FileNotFoundError as err:
-        raise UsageError(f"data.prompt_data: {err}") from None
-    except OSError as err:
-        raise UsageError(f"data.prompt_data: {prompts}: {err.strerror}") from None
+    # the head node's own check and message (runtime/node/preflight.py), from the same folders
+    problem = prompt_data_problem(prepared.plan.spec.data.prompt_data,
+                                  Path(source.name).resolve().parent)
+    if problem:
+        raise UsageError(problem)
 
 
 def _submitted(folder, result, start) -> int:

@@ -3,6 +3,8 @@
 One task per node (Slurm: one srun task per node, started by submitit's job runner from
 job.sbatch; `vime submit --local`: one process per node on this machine):
 
+- node 0 checks what the default driver would stop on after Ray's start-up (the prompt file,
+  a module:function reward: runtime/node/preflight.py); a job that cannot run ends there;
 - node 0 starts the Ray head (`ray start --head --block`, ports from vime.launch.ports, a
   short per-job temp dir, the node's LAN address) and publishes `<ip>:<port>` in the job
   folder (`ray_address`, and `ray/head.json` with the attempt number);
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.node.errors import one_line
+from runtime.node.preflight import PreflightError, check_job
 from runtime.node.ray_bootstrap import (
     RayNode,
     RayStartupError,
@@ -179,6 +182,7 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
     timings = {"attempt": ctx.attempt, "nodes": ctx.nodes, "job_start": started}
     address = f"{common['node_ip']}:{common['plan'].gcs_port}"
     try:
+        _preflight(launch, ctx.job_dir)
         node.start(RayNode.command(head=True, address=address, **common))
         timings["ray_start"] = node.started_at
         (ctx.job_dir / "ray_address").write_text(address + "\n")
@@ -205,6 +209,9 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
     except SystemExit:  # submitit's USR2 handler after `scontrol requeue`
         outcome["state"] = "requeued"
         raise
+    except PreflightError as err:
+        outcome["error"] = str(err)
+        raise
     except BaseException as err:
         outcome["error"] = one_line(err, ctx.job_dir, ctx.job_dir / "logs" / "node-0.log")
         raise
@@ -218,6 +225,14 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         _write_json(ctx.job_dir / "outcome.json", outcome)
         if outcome["error"]:
             print(f"vime: job failed: {outcome['error']}", file=sys.stderr, flush=True)
+
+
+def _preflight(launch: dict, job_dir: Path) -> None:
+    """The default driver's inputs, before Ray starts (runtime/node/preflight.py)."""
+    from vime.launch.submit import DEFAULT_DRIVER
+
+    if launch["driver"] == DEFAULT_DRIVER:
+        check_job(job_dir)
 
 
 def _wait_for_gcs(node: RayNode, address: str, deadline: float) -> None:
@@ -353,7 +368,10 @@ class SlurmEntry:
                           attempt=attempt, resume=self.resume or attempt > 0)
         print(f"vime: job {ctx.job_id} attempt {attempt} node {ctx.node}/{ctx.nodes} on "
               f"{ctx.host(ctx.node)} ({socket.gethostname()})", flush=True)
-        run_node(ctx)
+        try:
+            run_node(ctx)
+        except PreflightError:  # said in the log and outcome.json; no traceback from submitit
+            raise SystemExit(1) from None
         return "ok"
 
     def checkpoint(self):
@@ -417,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         return _local_node(args) if args.verb == "node" else _attach(args)
     except RayStartupError as err:
         print(f"vime: {err}", file=sys.stderr, flush=True)
+        return 1
+    except PreflightError:  # the head said it (`vime: job failed: ...`), and outcome.json
         return 1
     except _Terminated as err:
         return int(err.code)

@@ -4,6 +4,7 @@ a real Ray with logical GPUs: the cluster comes from the `slurm_cluster` fixture
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -138,3 +139,20 @@ def test_a_requeued_job_resumes_where_it_stopped(tmp_path):
     assert second["resume"] is True and second["from_step"] >= 2
     assert second["restart_count"] == "1"
     assert not _ray_of(job_id)
+
+
+def test_prompts_the_node_cannot_read_fail_the_job_before_ray_starts(tmp_path):
+    # issue 15: found after the queue wait and Ray's start-up; the path may exist only on
+    # the cluster, so the head checks it (the default driver: no VIME_DRIVER)
+    assert "VIME_DRIVER" not in os.environ
+    job_id = submitted_id(vime("submit", str(SMOKE), *spec_sets(tmp_path)))
+    assert wait_finished(job_id, timeout=90) == "FAILED"
+    folder = _job_folder(job_id)
+    error = json.loads((folder / "outcome.json").read_text())["error"]
+    # the message of the --local preflight (tests/launch/test_start.py)
+    assert error == (f"data.prompt_data: /root/dapo-math-17k/dapo-math-17k.jsonl: no such file "
+                     f"(looked in {SMOKE.parent} and {folder.parent})"), error
+    assert f"vime: job failed: {error}" in (folder / "logs" / "node-0.log").read_text()
+    assert f"outcome    failed (attempt 0): {error}" in vime("status", job_id).stdout
+    assert not (folder / "logs" / "ray-node-0.log").exists()  # Ray never started
+    assert not (folder / "ray_address").exists()

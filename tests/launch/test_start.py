@@ -59,3 +59,22 @@ def test_an_unreadable_prompt_file_is_an_error_before_the_job_starts(tmp_path):
     assert (f"vime: error: data.prompt_data: {TINY.parent / 'data' / 'missing.jsonl'}: no such "
             f"file (looked in {TINY.parent} and {tmp_path})") in done.stderr
     assert not list(tmp_path.iterdir())  # no job folder
+
+
+def test_a_reward_module_the_node_cannot_import_fails_the_job_before_ray_starts(tmp_path):
+    # compile only looks for the module (V907, a warning: it may exist on the cluster only);
+    # the head imports it before `ray start`, where the driver would after Ray's start-up
+    started = time.time()
+    done = vime("submit", str(TINY), "--local", "--set", f'experiment.output_dir="{tmp_path}"',
+                "--set", 'rollout.reward="vime_no_such_module:score"', timeout=120)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert time.time() - started < 60
+    assert "warning[V907]" in done.stderr
+    [folder] = (tmp_path / "tiny-cpu").glob("local-*")
+    message = ("rollout.reward = 'vime_no_such_module:score': cannot import vime_no_such_module: "
+               "No module named 'vime_no_such_module'")
+    assert f"job {folder.name} failed: {message}" in done.stdout, done.stdout
+    assert json.loads((folder / "outcome.json").read_text())["error"] == message
+    assert f"vime: job failed: {message}" in (folder / "logs" / "node-0.log").read_text()
+    assert not (folder / "logs" / "ray-node-0.log").exists()  # Ray never started
+    assert not (folder / "ray_address").exists()

@@ -1,0 +1,61 @@
+"""What the default driver would stop on after Ray's start-up, checked on the head node before
+Ray starts (issue 15: a missing prompt file was found after the queue wait and 40 s of Ray).
+
+- data.prompt_data must be a file the head can open: on Slurm the path may exist only on the
+  cluster, so `vime submit` cannot check it, and `--local` checks it before the job with the
+  same message (vime/cli.py calls prompt_data_problem).
+- a "module:function" rollout.reward must import: compile only looks for it without running
+  code (V907, a warning: the module may be installed on the cluster only). Imported here, in
+  the head's own process, where the driver imports it anyway (runtime/rl/rewards.py): the
+  same module a little earlier, with the driver's own message. A misspelt built-in name is
+  V906 at compile time and never reaches a job.
+
+Another driver (VIME_DRIVER) may read no prompts and no reward: nothing is checked then.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from runtime.core.slices import _path, _spec_dir
+from runtime.rl import rewards
+
+
+class PreflightError(RuntimeError):
+    """The job cannot run: the message says which key and why, and is the job's outcome."""
+
+
+def prompt_data_problem(value: str, spec_dir: Path) -> str | None:
+    """None when the prompt file opens, else the message: the one the driver would give
+    (runtime/core/slices.py), after the key."""
+    try:
+        with open(_path(value, spec_dir, must_exist=True), "rb"):
+            return None
+    except FileNotFoundError as err:
+        return f"data.prompt_data: {err}"
+    except OSError as err:
+        return f"data.prompt_data: {err.filename}: {err.strerror}"
+
+
+def reward_problem(name: str) -> str | None:
+    if name in rewards.BUILTIN:
+        return None
+    try:
+        rewards.load(name)
+    except ValueError as err:
+        return str(err)
+    except Exception as err:  # the module's own code failed on import
+        return f"rollout.reward = {name!r}: importing it failed: {type(err).__name__}: {err}"
+    return None
+
+
+def check_job(job_dir: Path) -> None:
+    """Raises PreflightError with the first problem of the job folder's spec."""
+    plan = json.loads((job_dir / "plan.json").read_text())
+    spec = tomllib.loads((job_dir / "resolved.toml").read_text())
+    problem = (prompt_data_problem(spec["data"]["prompt_data"], _spec_dir(plan, job_dir))
+               or reward_problem(spec["rollout"]["reward"]))
+    if problem:
+        raise PreflightError(problem)
