@@ -143,7 +143,8 @@ def cmd_compile(args) -> int:
     target = Path(args.output) if args.output else Path("build") / spec.experiment.name
     obj = plan_json.plan_object(source.name, result.diagnostics, spec, result.plan)
     try:
-        build.write(target, build.files(result.plan, source.name, source.text, obj, str(target)))
+        build.write(target, build.files(result.plan, source.name, source.text, obj, str(target),
+                                        python=sys.executable))
     except (build.BuildError, OSError) as err:
         print(f"vime: error: {err}", file=sys.stderr)
         return EXIT_USAGE

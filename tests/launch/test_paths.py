@@ -1,16 +1,17 @@
 """`vime submit` writes the spec's relative paths absolute into the job folder; `vime compile`
-keeps them as written (vime/launch/paths.py)."""
+keeps them as written (vime/launch/paths.py); the two write the same job.sbatch."""
 
 from __future__ import annotations
 
 import json
 import os
 import shlex
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from launchkit import ROOT
+from launchkit import ROOT, SMOKE, spec_sets, vime
 
 from vime import pipeline
 from vime.emit import build, plan_json
@@ -96,3 +97,19 @@ def test_the_job_finds_the_prompts_from_another_working_folder(tmp_path, monkeyp
     assert config.data.prompt_data == ROOT / "specs" / "data" / "tiny_arithmetic.jsonl"
     with pytest.raises(FileNotFoundError):  # what the job got before: the relative path
         JobConfig.from_job(plan, compiled["resolved.toml"], tmp_path / "job")
+
+
+def test_the_build_folders_job_sbatch_is_the_script_vime_submit_submits(tmp_path):
+    # issue 15: the build folder's README.txt said so, while vime compile wrote `python3` and
+    # vime submit the interpreter's path
+    sets = spec_sets(tmp_path / "runs")
+    compiled = vime("compile", str(SMOKE), *sets, "-o", str(tmp_path / "build"))
+    assert compiled.returncode == 0, compiled.stderr
+    dry = vime("submit", str(SMOKE), *sets, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    header, shown = dry.stdout.split("\n", 1)
+    script = (tmp_path / "build" / "job.sbatch").read_text()
+    assert shown.startswith(script + "\n"), shown
+    assert "--output=%j/logs/batch.log" in header  # the job folder exists once the job id does
+    assert f"experiment_dir=$({sys.executable} -m vime.launch.batch)" in script
+    assert "#SBATCH --output" not in script  # a plain sbatch must find its log's folder

@@ -141,6 +141,31 @@ def test_a_requeued_job_resumes_where_it_stopped(tmp_path):
     assert not _ray_of(job_id)
 
 
+def test_the_build_folders_script_runs_as_it_is(tmp_path):
+    # issue 15: the build folder's job.sbatch is the script that runs; plain sbatch, from the
+    # folder vime compile ran in, and the job writes its own job folder
+    sets = spec_sets(tmp_path / "runs")
+    compiled = vime("compile", str(SMOKE), *sets, "-o", "build/smoke", cwd=tmp_path)
+    assert compiled.returncode == 0, compiled.stderr
+    script = tmp_path / "build" / "smoke" / "job.sbatch"
+    done = subprocess.run(["sbatch", "--parsable", "build/smoke/job.sbatch"], cwd=tmp_path,
+                          env=dict(os.environ, **CHECK), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split(";")[0]
+    batch_log = tmp_path / f"slurm-{job_id}.out"
+    assert wait_finished(job_id) == "COMPLETED", batch_log.read_text()
+    folder = tmp_path / "runs" / "qwen3-30b-a3b-smoke" / job_id
+    assert f"vime: job {job_id}: job folder {folder}, written from the build folder " \
+        f"{script.parent}" in batch_log.read_text()
+    seen = json.loads((folder / "driver.json").read_text())
+    assert (seen["nodes"], seen["gpus"], seen["bundles_per_node"]) == (2, 8.0, [4, 4])
+    assert (folder / "job.sbatch").read_text() == script.read_text()
+    assert not _ray_of(job_id)
+    status = vime("status", job_id)  # from any folder, as for `vime submit`
+    assert status.returncode == 0 and "outcome    succeeded" in status.stdout, status.stdout
+
+
 def test_prompts_the_node_cannot_read_fail_the_job_before_ray_starts(tmp_path):
     # issue 15: found after the queue wait and Ray's start-up; the path may exist only on
     # the cluster, so the head checks it (the default driver: no VIME_DRIVER)

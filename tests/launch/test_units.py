@@ -65,11 +65,14 @@ def test_hostile_env_and_extra_args_render_as_data(tmp_path):
 
     script = sbatch.render(result.plan, python=sys.executable)
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
-    # the whole script, with srun standing in to show what the tasks would get
+    # the whole script, with srun standing in to show what the tasks would get, in the
+    # experiment folder of a job `vime submit` wrote (the batch step finds it: vime/launch/batch.py)
     fake_srun = 'srun() { printf %s "$VIME_TEST_ENV"; }\n'
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "job.json").write_text("{}")
     shown = subprocess.run(["bash", "-c", fake_srun + script], capture_output=True, text=True,
-                           env={"PATH": "/usr/bin:/bin", "SLURM_CPUS_ON_NODE": "4"},
-                           cwd=tmp_path)
+                           env={"PATH": "/usr/bin:/bin", "SLURM_CPUS_ON_NODE": "4",
+                                "SLURM_JOB_ID": "7"}, cwd=tmp_path)
     assert shown.stdout == env_value
     assert not list(tmp_path.glob("pwned-*"))
     assert '#SBATCH --constraint="a100 & (ib|eth)"' in script

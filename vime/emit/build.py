@@ -23,7 +23,9 @@ class BuildError(Exception):
 
 
 def files(plan: Plan, source_name: str, source_text: str, plan_obj: dict,
-          build_dir: str) -> dict[str, str]:
+          build_dir: str, python: str = "python3") -> dict[str, str]:
+    """The build folder's files; `python` is the nodes' interpreter in job.sbatch (`vime
+    compile` and `vime submit` give their own, so that the two scripts are the same)."""
     digest = hashlib.sha256(source_text.encode()).hexdigest()
     name = plan.spec.experiment.name
     return {
@@ -31,7 +33,7 @@ def files(plan: Plan, source_name: str, source_text: str, plan_obj: dict,
         "plan.json": plan_json.dumps(plan_obj),
         "megatron.args": argfile.render(megatron_args(plan)),
         "vllm.args": argfile.render(vllm_args(plan)),
-        "job.sbatch": sbatch.render(plan, build_dir),
+        "job.sbatch": sbatch.render(plan, build_dir, python),
         "README.txt": (
             f"vime build of experiment {name!r} from {source_name} (sha256 {digest[:16]}).\n\n"
             "resolved.toml  the spec with every default and derived value\n"
@@ -41,6 +43,9 @@ def files(plan: Plan, source_name: str, source_text: str, plan_obj: dict,
             "job.sbatch     the Slurm batch script `vime submit` submits\n\n"
             f"Check it again:   vime plan {build_dir}/resolved.toml\n"
             f"Submit it:        vime submit {source_name}   (--dry-run prints the job script)\n"
+            f"  or as it is:    sbatch {build_dir}/job.sbatch   (from the folder vime compile ran "
+            "in; the job\n"
+            "                  writes its job folder itself; its first log is slurm-<job id>.out)\n"
         ),
         MARKER: f"{digest}\n",
     }

@@ -1,12 +1,15 @@
-"""job.sbatch: the Slurm batch script `vime submit` submits, byte for byte.
+"""job.sbatch: the Slurm batch script `vime submit` submits, byte for byte, and the build
+folder's job.sbatch: the same text (`vime compile` renders it with the same interpreter).
 
 One task per node runs submitit's job runner (`python -m submitit.core._submit`), which loads
-the pickled `runtime.job` entry point: task 0 starts the Ray head, the others join it, and
-the head runs the runtime driver. submitit brings the USR2 checkpoint-and-requeue handling.
+the pickled `runtime.node.job` entry point: task 0 starts the Ray head, the others join it,
+and the head runs the runtime driver. submitit brings the USR2 checkpoint-and-requeue handling.
 
 `vime submit` submits it from the experiment folder `<output_dir>/<name>/` with
-`sbatch --hold --chdir=<that folder>` and releases it once the job folder `<job id>/` is
-complete, so every path in the script is relative and no path from the spec appears in it.
+`sbatch --hold --chdir=<that folder> --output=%j/logs/batch.log` and releases it once the job
+folder `<job id>/` is complete. Submitted as it is (`sbatch build/<name>/job.sbatch`), the
+script's first step writes that folder itself from the build folder (vime/launch/batch.py),
+so no path from the spec appears in the script; the interpreter's path does.
 Values from the spec: the schema's patterns bound them, each `#SBATCH` argument that is not
 plainly safe is quoted the way sbatch reads directives (double quotes, `\\` and `\"` escaped:
 sbatch runs no shell on them), and every shell word is shlex-quoted, so nothing a spec says
@@ -45,7 +48,6 @@ def sbatch_options(plan: Plan) -> dict[str, str | None]:
         "ntasks-per-node": "1",
         "gpus-per-node": str(cluster.gpus_per_node),
         "time": slurm.time,
-        "output": BATCH_LOG,
         "open-mode": "append",  # a requeued job appends to the same logs
         "requeue": None,
         "signal": "USR2@120",  # submitit checkpoints and requeues 120 s before the limit
@@ -70,8 +72,9 @@ def render(plan: Plan, build_dir: str = "", python: str = "python3") -> str:
     spec = plan.spec
     lines = [
         "#!/bin/bash",
-        f"# vime job {spec.experiment.name}: submitted from <output_dir>/<name>/ by `vime submit`",
-        "# (sbatch --hold --chdir=<that folder>, released once <job id>/ is written).",
+        f"# vime job {spec.experiment.name}. `vime submit` submits this script from <output_dir>/<name>/",
+        "# (sbatch --hold --chdir=<that folder> --output=%j/logs/batch.log, released once <job id>/",
+        "# is written); `sbatch job.sbatch` from the folder `vime compile` ran in runs the same job.",
     ]
     for key, value in sbatch_options(plan).items():
         lines.append(f"#SBATCH --{key}" if value is None else f"#SBATCH --{key}={sbatch_word(value)}")
@@ -82,8 +85,13 @@ def render(plan: Plan, build_dir: str = "", python: str = "python3") -> str:
     lines += [
         "export SUBMITIT_EXECUTOR=slurm",
         "",
+        "# The job folder <job id>/: written by `vime submit`, or now from this script's build",
+        "# folder (vime/launch/batch.py); the nodes start in its experiment folder.",
+        f"experiment_dir=$({shlex.quote(python)} -m vime.launch.batch)",
+        'cd "$experiment_dir"',
+        "",
         "# One task per node: task 0 starts the Ray head, the others join it, then the head",
-        "# runs the vime runtime driver with the compiled plan (runtime/job.py).",
+        "# runs the vime runtime driver with the compiled plan (runtime/node/job.py).",
         "srun --unbuffered --kill-on-bad-exit=1 " + _srun_cpus(plan) + shlex.join([
             f"--output={NODE_LOG}", python, "-u", "-m", "submitit.core._submit",
             SUBMITIT_FOLDER]),

@@ -5,7 +5,8 @@
                     [cluster.env], the port-plan inputs and the driver
     resolved.toml plan.json megatron.args vllm.args job.sbatch   the compiled artifacts
     submitit/       submitit's pickles (Slurm jobs)
-    logs/           batch.log, node-<i>.log (one per node; node 0 runs the driver),
+    logs/           batch.log (a job.sbatch sbatch'ed as it is writes slurm-<job id>.out where
+                    sbatch ran instead), node-<i>.log (one per node; node 0 runs the driver),
                     ray-node-<i>.log (`ray start`), ray/node-<i>/ (Ray's own logs)
     ray_address     `<ip>:<port>` of the job's Ray head, once it is up
     ray/            head.json, per-node state, ready-<attempt>.json (timings), done markers

@@ -2,8 +2,10 @@
 
 submitit brings the job runner each task executes (`python -m submitit.core._submit`), the
 pickled entry point, and USR2 checkpoint-and-requeue. vime renders the batch script itself
-(vime/emit/sbatch.py, shown by `--dry-run` and kept in the job folder), so the executor is
-told to submit exactly that text, held (`sbatch --hold`) until the job folder is written.
+(vime/emit/sbatch.py: the build folder's job.sbatch, shown by `--dry-run` and kept in the job
+folder), so the executor is told to submit exactly that text, held (`sbatch --hold`) until the
+job folder is written. A job.sbatch submitted with plain sbatch writes its job folder and the
+entry point's pickle itself (vime/launch/batch.py, write_entry below).
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from vime.emit.sbatch import BATCH_LOG, JOB_FOLDER
+
+# requeues after a time limit before the job is left to end (submitit's max_num_timeout)
+MAX_NUM_TIMEOUT = 3
 TERMINAL = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
             "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "REVOKED")
 
@@ -39,8 +45,19 @@ def time_minutes(slurm_time: str) -> int:
     return parts[0] * 60 + parts[1] + (parts[2] > 0)
 
 
+def submit_command(experiment_dir: Path, script_path: str) -> list[str]:
+    """How `vime submit` submits job.sbatch: held, from the experiment folder, the batch
+    step's output in the job folder (which exists only once the job id does, so the script
+    cannot name it: a plain `sbatch job.sbatch` writes Slurm's slurm-<job id>.out)."""
+    return ["sbatch", "--hold", f"--chdir={experiment_dir}", f"--output={BATCH_LOG}", script_path]
+
+
+def _entry_folder(experiment_dir: Path) -> Path:
+    return experiment_dir / JOB_FOLDER / "submitit"
+
+
 def submit_held(experiment_dir: Path, script: str, nodes: int, time_min: int, entry,
-                max_num_timeout: int = 3) -> str:
+                max_num_timeout: int = MAX_NUM_TIMEOUT) -> str:
     """Submit `entry` (every task calls it) with `script` as the batch script, held; returns
     the job id. The caller writes the job folder, then calls release()."""
     import submitit
@@ -50,9 +67,9 @@ def submit_held(experiment_dir: Path, script: str, nodes: int, time_min: int, en
             return script
 
         def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-            return ["sbatch", "--hold", f"--chdir={experiment_dir}", str(submission_file_path)]
+            return submit_command(experiment_dir, str(submission_file_path))
 
-    executor = Executor(folder=experiment_dir / "%j" / "submitit", max_num_timeout=max_num_timeout)
+    executor = Executor(folder=_entry_folder(experiment_dir), max_num_timeout=max_num_timeout)
     # submitit reads these for the task count and the timeout countdown; the text is ours
     executor.parameters.update(time=time_min, nodes=nodes, ntasks_per_node=1)
     try:
@@ -63,6 +80,30 @@ def submit_held(experiment_dir: Path, script: str, nodes: int, time_min: int, en
         if link.is_symlink():
             link.unlink()
     return job.job_id
+
+
+def write_entry(experiment_dir: Path, job_id: str, entry, time_min: int,
+                max_num_timeout: int = MAX_NUM_TIMEOUT) -> Path:
+    """What submit_held's executor writes after sbatch answers: `entry` pickled where
+    submitit's job runner loads it (<job id>/submitit/<job id>_submitted.pkl), with the
+    timeout countdown of its requeues."""
+    from submitit.core.utils import DelayedSubmission, JobPaths
+
+    delayed = DelayedSubmission(entry)
+    delayed.set_timeout(time_min, max_num_timeout)
+    path = JobPaths(_entry_folder(experiment_dir), job_id=job_id).submitted_pickle
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    delayed.dump(tmp)
+    tmp.rename(path)
+    return path
+
+
+def script_path(job_id: str) -> str | None:
+    """The batch script a job was submitted from, as Slurm recorded it (absolute)."""
+    found = _run(["squeue", "-h", "-j", job_id, "-o", "%o"])
+    line = found.stdout.strip() if found.returncode == 0 else ""
+    return line or None
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:

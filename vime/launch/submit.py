@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vime import __version__
-from vime.emit import build, sbatch
-from vime.launch import jobdir, paths, ports
+from vime.emit import build
+from vime.launch import jobdir, paths, ports, slurm
 from vime.launch.jobdir import JobFolder
 
 DEFAULT_DRIVER = "runtime.node.driver:run"
@@ -51,16 +51,21 @@ def experiment_dir(output_dir: str, name: str) -> Path:
     return path
 
 
-def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher: str) -> Prepared:
+def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher: str,
+            spec_dir: Path | None = None) -> Prepared:
+    """The job folder's files; the spec's relative paths are read from spec_dir (default: the
+    spec's own folder) and the folder vime runs in."""
     # the job runs elsewhere (another node, another working folder): its files get absolute
     # paths, while `vime compile`'s stay as written (vime/launch/paths.py)
-    spec = paths.absolute(result.spec, Path(source_name).resolve().parent, Path.cwd())
+    spec = paths.absolute(result.spec, spec_dir or Path(source_name).resolve().parent,
+                          Path.cwd())
     plan = dataclasses.replace(result.plan, spec=spec)
     folder = experiment_dir(spec.experiment.output_dir, spec.experiment.name)
-    script = sbatch.render(plan, python=sys.executable)
-    compiled = build.files(plan, source_name, source_text, plan_obj, "<job folder>")
-    files = {name: compiled[name] for name in ARTIFACTS}
-    files["job.sbatch"] = script
+    # job.sbatch has no path from the spec: the same text as the build folder's (vime compile)
+    compiled = build.files(plan, source_name, source_text, plan_obj, "<job folder>",
+                           python=sys.executable)
+    files = {name: compiled[name] for name in (*ARTIFACTS, "job.sbatch")}
+    script = files["job.sbatch"]
     ray = spec.cluster.ray
     launch = {
         "nodes": spec.cluster.nodes,
@@ -87,15 +92,16 @@ def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher
 
 def dry_run_text(prepared: Prepared) -> str:
     launch = prepared.launch
+    command = slurm.submit_command(Path("<that folder>"), "job.sbatch")
     return (f"# job.sbatch (submitted from {prepared.experiment_dir}/ as "
-            f"`sbatch --hold --chdir=<that folder> job.sbatch`)\n"
+            f"`{' '.join(command)}`)\n"
             + prepared.script + "\n"
             + ports.describe(launch["nodes"], launch["ray"]["port"],
                              launch["ray"]["dashboard_port"], launch["fixed_head_ports"])
             + f"\ndriver: {launch['driver']}\n(dry run: nothing was submitted)\n")
 
 
-def _write_folder(prepared: Prepared, job_id: str) -> JobFolder:
+def write_folder(prepared: Prepared, job_id: str) -> JobFolder:
     folder = JobFolder(prepared.experiment_dir / job_id)
     folder.path.mkdir(parents=True, exist_ok=True)
     info = dict(prepared.info, job_id=job_id,
@@ -108,7 +114,6 @@ def _write_folder(prepared: Prepared, job_id: str) -> JobFolder:
 
 def submit_slurm(prepared: Prepared) -> JobFolder:
     from runtime.node.job import SlurmEntry
-    from vime.launch import slurm
 
     if not slurm.available():
         raise SubmitError("sbatch/srun not found: this machine is not a Slurm submit host "
@@ -122,7 +127,7 @@ def submit_slurm(prepared: Prepared) -> JobFolder:
     except slurm.SlurmError as err:
         raise SubmitError(f"sbatch refused the job: {err}") from None
     try:
-        folder = _write_folder(prepared, job_id)
+        folder = write_folder(prepared, job_id)
         jobdir.remember(job_id, folder.path)
         slurm.release(job_id)
     except BaseException:
@@ -141,7 +146,7 @@ def submit_local(prepared: Prepared, on_start=None, on_poll=None) -> tuple[JobFo
     launcher's checks (vime/launch/progress.py)."""
     from vime.launch.local import run_local
 
-    folder = _write_folder(prepared, new_local_id("local"))
+    folder = write_folder(prepared, new_local_id("local"))
     jobdir.remember(folder.info["job_id"], folder.path)
     if on_start:
         on_start(folder)
@@ -154,7 +159,7 @@ def submit_attached(prepared: Prepared, address: str, on_start=None,
                     on_poll=None) -> tuple[JobFolder, int]:
     from vime.launch.local import run_attached
 
-    folder = _write_folder(prepared, new_local_id("ray"))
+    folder = write_folder(prepared, new_local_id("ray"))
     jobdir.remember(folder.info["job_id"], folder.path)
     if on_start:
         on_start(folder)
