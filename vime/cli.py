@@ -62,14 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start a new run (experiment.name-2, -3, ...) beside the old one "
                         "instead of resuming its checkpoint; nothing is deleted")
     submit.add_argument("--quiet", action="store_true",
-                        help="--local / --ray-address: no progress, only the outcome")
+                        help="--local / --ray-address: no progress, only the outcome; "
+                        "Slurm: print only the job id")
     status = verbs.add_parser("status", help="state of a submitted job (squeue, then sacct)")
     status.add_argument("job", help="Slurm job id or job folder")
     logs = verbs.add_parser("logs", help="a node's log of a submitted job")
     logs.add_argument("job", help="Slurm job id or job folder")
-    logs.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="follow until the job ends; node 0: its progress and outcome, as "
+                      "`submit --local` shows them (exit 0 succeeded, 4 not)")
     logs.add_argument("--node", type=int, default=0, metavar="N",
                       help="which node (default 0: the head, which runs the driver)")
+    logs.add_argument("--raw", action="store_true", help="with -f: the log itself, not progress")
+    logs.add_argument("--quiet", action="store_true", help="with -f: only the outcome")
     cancel = verbs.add_parser("cancel", help="cancel a submitted job; its nodes stop their Ray")
     cancel.add_argument("job", help="Slurm job id or job folder")
     convert = verbs.add_parser("convert", help="HF safetensors <-> Megatron torch_dist with the "
@@ -199,7 +204,7 @@ def cmd_submit(args) -> int:
             return EXIT_OK
         if launcher == "slurm":
             folder = submit.submit_slurm(prepared)
-            return _submitted(folder, result, start)
+            return _submitted(folder, result, start, args.quiet)
         _preflight_here(prepared, source, args.ray_address)
         return _run_here(args, prepared, start, launcher)
     except submit.SubmitError as err:
@@ -253,14 +258,18 @@ def _preflight_here(prepared, source, ray_address: str | None) -> None:
         raise UsageError(problem)
 
 
-def _submitted(folder, result, start) -> int:
+def _submitted(folder, result, start, quiet: bool) -> int:
     job_id = folder.info["job_id"]
+    if quiet:  # for scripts: job=$(vime submit --quiet SPEC)
+        print(job_id)
+        return EXIT_OK
     print(f"submitted job {job_id}: {plural(result.spec.cluster.nodes, 'node')} × "
           f"{plural(result.spec.cluster.gpus_per_node, 'GPU')}\n"
           f"job folder  {folder.path}\n"
           f"logs        {folder.path / 'logs'}/node-0.log (head and driver), node-<i>.log\n"
           f"start       {start.describe(result.spec.rollout.num_rollout)}\n"
-          f"follow      vime status {job_id}")
+          f"follow      vime status {job_id}\n"
+          f"progress    vime logs -f {job_id}")
     return EXIT_OK
 
 
@@ -292,23 +301,10 @@ def _run_here(args, prepared, start, launcher: str) -> int:
     job_id = folder.info["job_id"]
     outcome = folder.read_json("outcome.json") or {}
     state = outcome.get("state") or ("succeeded" if code == 0 else "failed")
-    did = shown.summary()
-    log = folder.path / "logs" / "node-0.log"
-    if state == "succeeded":
-        print(f"job {job_id} succeeded" + (f": {did}" if did else ""))
-    elif state in ("interrupted", "terminated", "cancelled"):
-        after = resume.start_point(spec, prepared.experiment_dir)
-        how = {"interrupted": "interrupted", "terminated": "terminated (SIGTERM)",
-               "cancelled": "cancelled (vime cancel)"}[state]
-        last = shown.records[-1]["rollout"] if shown.records else None
-        print(f"job {job_id} {how}" + (f" after rollout {last}" if last is not None else "")
-              + "; the next `vime submit` of this spec "
-              + (f"resumes from rollout {after.next_rollout} (checkpoint {after.checkpoint})"
-                 if after.checkpoint else "starts fresh (no checkpoint yet)"))
-    else:
-        error = outcome.get("error") or ""
-        print(f"job {job_id} failed" + (f": {error}" if error else "")
-              + ("" if str(log) in error else f"\n  full log: {log}"))
+    after = resume.start_point(spec, prepared.experiment_dir) if state in progress.STOPPED \
+        else None
+    print(shown.ending(job_id, state, outcome.get("error"), folder.path / "logs" / "node-0.log",
+                       after))
     if not quiet or state != "succeeded":
         print(f"job folder  {folder.path}")
     # a local or attached job has ended by now: there is nothing left to follow
@@ -371,6 +367,8 @@ def cmd_follow(args) -> int:
             sys.stdout.write(follow.status_text(folder))
             return EXIT_OK
         if args.verb == "logs":
+            if args.follow and args.node == 0 and not args.raw:
+                return follow.watch(folder, args.quiet)
             return follow.logs(folder, args.node, args.follow)
         print(follow.cancel(folder))
         return EXIT_OK

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from launchkit import (
@@ -24,6 +27,7 @@ from launchkit import (
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 CHECK = {"VIME_DRIVER": f"{DRIVERS}:check"}
 PROGRESS = {"VIME_DRIVER": f"{DRIVERS}:progress"}
+ROLLOUTS = {"VIME_DRIVER": f"{DRIVERS}:rollouts"}
 
 
 def _job_folder(job_id: str):
@@ -34,6 +38,12 @@ def _job_folder(job_id: str):
 
 def _ray_of(job_id: str) -> list[int]:
     return marked_processes(f"VIME_RAY_NODE=/tmp/vime-{job_id}-".encode())
+
+
+def _follow(job_id: str, *extra: str, stdout=subprocess.PIPE) -> subprocess.Popen:
+    """`vime logs -f JOB`, from another folder than the one the job was submitted from."""
+    return subprocess.Popen([str(Path(sys.executable).with_name("vime")), "logs", job_id, "-f",
+                             *extra], cwd="/", stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
 def _comment(job_id: str) -> str:
@@ -181,3 +191,62 @@ def test_prompts_the_node_cannot_read_fail_the_job_before_ray_starts(tmp_path):
     assert f"outcome    failed (attempt 0): {error}" in vime("status", job_id).stdout
     assert not (folder / "logs" / "ray-node-0.log").exists()  # Ray never started
     assert not (folder / "ray_address").exists()
+
+
+def test_logs_f_shows_the_progress_of_a_slurm_job_until_it_ends(tmp_path):
+    # issue 15: what `vime submit --local` prints, for a job on Slurm
+    sets = spec_sets(tmp_path, **{"rollout.num_rollout": "6"})
+    done = vime("submit", str(SMOKE), *sets, "--quiet", env={
+        **ROLLOUTS, "VIME_TEST_STEPS": "6", "VIME_TEST_STEP_S": "0.5"})
+    job_id = done.stdout.strip()  # --quiet: only the job id, for job=$(vime submit --quiet ...)
+    assert done.returncode == 0 and job_id.isdigit(), done.stdout + done.stderr
+    follower, quiet = _follow(job_id), _follow(job_id, "--quiet")
+    out, err = follower.communicate(timeout=180)
+    assert follower.returncode == 0, out + err
+    assert job_state(job_id) == "COMPLETED"
+    folder = _job_folder(job_id)
+    lines = out.splitlines()
+    assert lines[0].startswith(f"vime: job {job_id}: qwen3-30b-a3b-smoke, 2 nodes × 4 GPUs, "
+                               "on Slurm ("), lines
+    assert lines[1:3] == [f"  folder  {folder}",
+                          f"  logs    {folder / 'logs' / 'node-0.log'} (head and driver)"]
+    assert any(line.startswith("vime: Ray ready at") for line in lines)
+    line = next(line for line in lines if line.startswith("rollout 2 |"))
+    assert "3/6 [" in line and "reward 0.200" in line and "100 tok/s" in line and "ETA " in line
+    assert lines[-1].startswith(f"job {job_id} succeeded: rollouts 0 to 5 of 6 in "), lines
+    assert lines[-1].endswith(", reward 0.000 -> 0.500")
+    quiet_out, _ = quiet.communicate(timeout=30)
+    assert quiet.returncode == 0 and quiet_out.splitlines() == lines[-1:]
+
+
+def test_ctrl_c_on_logs_f_leaves_the_job_running(tmp_path):
+    sets = spec_sets(tmp_path, nodes=1, gpus_per_node=2, **{"rollout.num_rollout": "1000"})
+    job_id = submitted_id(vime("submit", str(SMOKE), *sets, env={
+        **ROLLOUTS, "VIME_TEST_STEPS": "100000", "VIME_TEST_STEP_S": "0.3"}))
+    shown = tmp_path / "follower.txt"
+    with open(shown, "w") as terminal:
+        follower = _follow(job_id, stdout=terminal)
+    try:
+        wait_until(lambda: "rollout    2 |" in shown.read_text(), 120, "rollout lines")
+    except AssertionError:
+        follower.kill()
+        raise
+    follower.send_signal(signal.SIGINT)
+    assert follower.wait(timeout=10) == 130
+    assert (f"vime: stopped following job {job_id}; the job goes on (vime cancel {job_id} "
+            "stops it)") in follower.stderr.read()
+    metrics = _job_folder(job_id) / "metrics.jsonl"
+    seen = len(metrics.read_text().splitlines())
+    wait_until(lambda: len(metrics.read_text().splitlines()) > seen + 2, 30, "more rollouts")
+    assert job_state(job_id) == "RUNNING"
+    assert vime("cancel", job_id).returncode == 0
+    assert wait_finished(job_id, timeout=60).startswith("CANCELLED")
+    wait_until(lambda: not _ray_of(job_id), 20, f"job {job_id}'s Ray processes to end")
+    ended = vime("logs", job_id, "-f", "--quiet")  # a job that has ended: its outcome at once
+    assert ended.returncode == 4, ended.stdout + ended.stderr
+    checkpoints = _job_folder(job_id).parent / "checkpoints"
+    latest = checkpoints / (checkpoints / "latest").read_text().strip()
+    assert ended.stdout.startswith(f"job {job_id} cancelled (scancel or vime cancel) after "
+                                   "rollout "), ended.stdout
+    assert ended.stdout.endswith("; the next `vime submit` of this spec resumes from rollout "
+                                 f"{int(latest.name.split('_')[1]) + 1} (checkpoint {latest})\n")

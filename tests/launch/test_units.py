@@ -109,3 +109,59 @@ def test_status_of_something_that_is_not_a_job(tmp_path):
     assert done.returncode == 2 and "not a vime job folder" in done.stderr
     done = vime("logs", "no-such-job")
     assert done.returncode == 2 and "neither a job folder nor a Slurm job id" in done.stderr
+
+
+def _ended_job(folder, rollouts: int, state: str = "succeeded", error=None):
+    """A job folder as a local run leaves it: rollouts in metrics.jsonl and the log, ended."""
+    (folder / "logs").mkdir(parents=True)
+    (folder / "ray").mkdir()
+    (folder / "job.json").write_text(json.dumps({
+        "job_id": folder.name, "launcher": "local", "experiment": "tiny", "nodes": 1,
+        "gpus_per_node": 2, "spec": "spec.toml", "spec_sha256": "0" * 64}))
+    (folder / "local.json").write_text(json.dumps({"launcher_pid": 1, "pids": []}))
+    (folder / "resolved.toml").write_text("[rollout]\nnum_rollout = 10\n[model]\n")
+    (folder / "ray" / "ready-0.json").write_text(json.dumps({"attempt": 0, "job_start": 1000.0}))
+    log = ["vime: Ray ready at 10.0.0.1:6379: 2 GPUs on 1 node(s) after 3.0 s", "Ray noise"]
+    with open(folder / "metrics.jsonl", "w") as metrics:
+        for rollout in range(rollouts):
+            metrics.write(json.dumps({"rollout": rollout, "reward/mean": 0.1 * rollout,
+                                      "time/generate": 1.0, "time/train": 2.0,
+                                      "time/rollout": 60.0}) + "\n")
+            log.append(f"rollout {rollout:5d} | reward {0.1 * rollout:.3f}")
+    (folder / "logs" / "node-0.log").write_text("\n".join(log) + "\n")
+    (folder / "outcome.json").write_text(json.dumps({"attempt": 0, "state": state,
+                                                     "error": error, "finished": 1245.0}))
+
+
+def test_logs_f_of_an_ended_job_shows_its_progress_and_outcome(tmp_path):
+    # issue 15: `vime logs -f` shows what `submit --local` shows; the rollouts already in the
+    # log, read at once, get the loop's own time per rollout as their ETA, not 0:00
+    folder = tmp_path / "local-0000aaaa"
+    _ended_job(folder, 4)
+    done = vime("logs", str(folder), "-f", timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == ("vime: job local-0000aaaa: tiny, 1 node × 2 GPUs, here, one process "
+                        "per node (COMPLETED; local)")
+    assert lines[1:3] == [f"  folder  {folder}", f"  logs    {folder / 'logs' / 'node-0.log'} "
+                          "(head and driver)"]
+    assert lines[3].startswith("vime: Ray ready at") and "Ray noise" not in done.stdout
+    assert lines[4] == ("rollout  0 |  1/10 [##..................]  10% | reward 0.000 | "
+                        "gen 1.00 train 2.00 s | ETA 9:00")
+    assert lines[7].startswith("rollout  3 |  4/10 [########............]  40% | reward 0.300")
+    assert lines[7].endswith("ETA 6:00")
+    assert lines[8:] == ["job local-0000aaaa succeeded: rollouts 0 to 3 of 10 in 4:05, "
+                         "reward 0.000 -> 0.300"]
+    quiet = vime("logs", str(folder), "-f", "--quiet", timeout=60)
+    assert quiet.stdout.splitlines() == lines[8:]
+    raw = vime("logs", str(folder), "-f", "--raw", timeout=60)
+    assert raw.stdout == (folder / "logs" / "node-0.log").read_text()
+
+
+def test_logs_f_of_a_failed_job_says_why_and_exits_4(tmp_path):
+    folder = tmp_path / "local-0000bbbb"
+    _ended_job(folder, 2, state="failed", error="RuntimeError: the driver fails")
+    done = vime("logs", str(folder), "-f", "--quiet", timeout=60)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert done.stdout == (f"job local-0000bbbb failed: RuntimeError: the driver fails\n"
+                           f"  full log: {folder / 'logs' / 'node-0.log'}\n")

@@ -165,6 +165,77 @@ def logs(folder: JobFolder, node: int, follow: bool, out=sys.stdout) -> int:
         time.sleep(0.5)
 
 
+WATCH_POLL_S = 1.0
+OUTCOME_WAIT_S = 5.0  # the head writes outcome.json as it ends; a shared file system may lag
+WHERE = {"slurm": "on Slurm", "local": "here, one process per node",
+         "ray-address": "on a Ray cluster"}
+
+
+def _ending(folder: JobFolder, state: str) -> tuple[str, str | None, str | None]:
+    """(outcome state, how it stopped, error) of a job that has ended, from outcome.json
+    and, for Slurm jobs, Slurm's state (a cancelled job's head may not get to write one)."""
+    from vime.launch.progress import STOPPED
+
+    outcome = folder.read_json("outcome.json") or {}
+    word = state.split()[0] if state else ""
+    if outcome.get("state") == "succeeded" or (word == "COMPLETED" and not outcome):
+        return "succeeded", None, None
+    if folder.info["launcher"] == "slurm":
+        if word == "CANCELLED":
+            return "cancelled", "cancelled (scancel or vime cancel)", None
+        if word in ("TIMEOUT", "DEADLINE", "PREEMPTED"):
+            return "stopped", f"stopped by Slurm ({word})", None
+    if outcome.get("state") in STOPPED:
+        return outcome["state"], None, None
+    return "failed", None, outcome.get("error") or (f"Slurm says {state}" if state else None)
+
+
+def watch(folder: JobFolder, quiet: bool = False, out=sys.stdout) -> int:
+    """`vime logs -f` of node 0: what `vime submit --local` shows (vime/launch/progress.py),
+    read from the job folder's log and metrics as they grow, until the job ends; then its
+    outcome. Exit 0 when it succeeded, 4 when not, 130 on Ctrl-C, which leaves the job be."""
+    import tomllib
+
+    from vime.launch import progress, resume
+
+    info = folder.info
+    job_id = info["job_id"]
+    total = tomllib.loads((folder.path / "resolved.toml").read_text())["rollout"]["num_rollout"]
+    shown = progress.Progress(folder.path, total, out=out, quiet=quiet)
+    state, finished, detail = live_state(folder)
+    shown.say(f"vime: job {job_id}: {info['experiment']}, {plural(info['nodes'], 'node')} × "
+              f"{plural(info['gpus_per_node'], 'GPU')}, {WHERE.get(info['launcher'], '')} "
+              f"({state}; {detail})\n"
+              f"  folder  {folder.path}\n"
+              f"  logs    {folder.log(0)} (head and driver)")
+    try:
+        while not finished:
+            shown.poll()
+            time.sleep(WATCH_POLL_S)
+            state, finished, _ = live_state(folder)
+        deadline = time.time() + OUTCOME_WAIT_S
+        while not (folder.path / "outcome.json").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        shown.poll()
+    except KeyboardInterrupt:
+        print(f"vime: stopped following job {job_id}; the job goes on "
+              f"(vime cancel {_name(folder)} stops it)", file=sys.stderr)
+        return 130
+    # the summary's time runs from the job's start (its first attempt's), wherever it was joined
+    starts = [timing["job_start"] for ready in folder.path.glob("ray/ready-*.json")
+              if (timing := folder.read_json(f"ray/{ready.name}")) and "job_start" in timing]
+    if starts:
+        shown.started = min(starts)
+    ended, how, error = _ending(folder, state)
+    after = None
+    if ended != "succeeded" and (how or ended in progress.STOPPED):
+        after = resume.start_point_in(resume.job_load_dir(folder.path))
+    outcome = folder.read_json("outcome.json") or {}
+    print(shown.ending(job_id, ended, error, folder.log(0), after, how,
+                       until=outcome.get("finished")), file=out, flush=True)
+    return 0 if ended == "succeeded" else 4
+
+
 def cancel(folder: JobFolder) -> str:
     """Slurm: scancel. Here: the local launcher's stop (vime/launch/local.py), from this
     process: SIGINT to the node processes, SIGKILL to whatever of the job is left after the

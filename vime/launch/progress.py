@@ -1,11 +1,11 @@
-"""What `vime submit --local` and `--ray-address` show while the job runs (issue 15): the
-head node's own `vime:` lines from logs/node-0.log (Ray ready, the prompts, the actors,
-resumed from ...), then one line per rollout from metrics.jsonl with the run's progress over
-rollout.num_rollout and an ETA, and a summary at the end.
+"""What `vime submit --local` and `--ray-address` show while the job runs, and `vime logs -f`
+for any job (issue 15): the head node's own `vime:` lines from logs/node-0.log (Ray ready,
+the prompts, the actors, resumed from ...), then one line per rollout from metrics.jsonl with
+the run's progress over rollout.num_rollout and an ETA, a summary and the outcome at the end.
 
 Plain lines, no carriage returns or colours: they read the same in a terminal, a CI log and
-a file (tqdm is not one of vime's dependencies). The launcher calls poll() between its
-checks of the node processes; nothing here touches the job.
+a file (tqdm is not one of vime's dependencies). The launcher (and `vime logs -f`) calls
+poll() between its checks of the job; nothing here touches the job.
 """
 
 from __future__ import annotations
@@ -70,16 +70,23 @@ class _Tail:
         return [line.decode(errors="replace") for line in complete]
 
 
+# how a job that stopped before its end was stopped, in the outcome's words
+STOPPED = {"interrupted": "interrupted", "terminated": "terminated (SIGTERM)",
+           "cancelled": "cancelled (vime cancel)"}
+
+
 class Progress:
-    def __init__(self, job_dir: Path, num_rollout: int, out=None, quiet: bool = False):
+    def __init__(self, job_dir: Path, num_rollout: int, out=None, quiet: bool = False,
+                 started: float | None = None):
         self.job_dir, self.total, self.quiet = Path(job_dir), num_rollout, quiet
         self.out = out or sys.stdout
         self.log = _Tail(self.job_dir / "logs" / "node-0.log")
         self.metrics = _Tail(self.job_dir / "metrics.jsonl")
-        self.started = time.time()
+        self.started = time.time() if started is None else started
         self.records: list[dict] = []
         self.pending: dict[int, dict] = {}
-        self.first_seen: float | None = None
+        # (when, how many records): the end of the first poll that found rollouts
+        self.anchor: tuple[float, int] | None = None
 
     def say(self, line: str) -> None:
         if not self.quiet:
@@ -101,6 +108,8 @@ class Progress:
                     continue
                 self.records.append(record)
                 self.say(rollout_line(record, self.total, self.eta(record)))
+        if self.records and self.anchor is None:
+            self.anchor = (time.time(), len(self.records))
 
     def _read_metrics(self) -> None:
         for line in self.metrics.lines():
@@ -111,24 +120,49 @@ class Progress:
             self.pending[record["rollout"]] = record
 
     def eta(self, record: dict) -> float | None:
-        """Rollouts left × the mean wall time of this job's rollouts so far (the first one's
-        own time until a second one is seen: the launcher saw it only when it was written)."""
-        now = time.time()
+        """Rollouts left × the mean wall time of the rollouts seen written since the first
+        poll that found any. Until then (the first rollout of a run watched from its start,
+        or the rollouts already in the log of a job `vime logs -f` joins, all read at once)
+        the mean of the loop's own time per rollout."""
         left = self.total - record["rollout"] - 1
-        if self.first_seen is None:
-            self.first_seen = now
-            per = record.get("time/rollout")
+        if self.anchor is None:
+            times = [r["time/rollout"] for r in self.records if r.get("time/rollout") is not None]
+            per = sum(times) / len(times) if times else None
         else:
-            per = (now - self.first_seen) / (len(self.records) - 1)
+            since, count = self.anchor
+            per = (time.time() - since) / (len(self.records) - count)
         return None if per is None else left * per
 
-    def summary(self) -> str | None:
-        """One line of what this job did: rollouts, reward from first to last, wall time."""
+    def summary(self, until: float | None = None) -> str | None:
+        """One line of what this job did: rollouts, reward from first to last, wall time
+        (from `started` until `until`, default now)."""
         if not self.records:
             return None
         first, last = self.records[0], self.records[-1]
+        ended = time.time() if until is None else until
         line = (f"rollouts {first['rollout']} to {last['rollout']} of {self.total} in "
-                f"{clock(time.time() - self.started)}")
+                f"{clock(ended - self.started)}")
         if first.get("reward/mean") is not None and last.get("reward/mean") is not None:
             line += f", reward {first['reward/mean']:.3f} -> {last['reward/mean']:.3f}"
         return line
+
+    def ending(self, job_id: str, state: str, error: str | None, log: Path, after=None,
+               how: str | None = None, until: float | None = None) -> str:
+        """The job's last line: succeeded with the summary; stopped (STOPPED, or `how`) with
+        where the next submit resumes (`after`, a vime.launch.resume.StartPoint); failed with
+        the error and the log."""
+        if state == "succeeded":
+            did = self.summary(until)
+            return f"job {job_id} succeeded" + (f": {did}" if did else "")
+        if state in STOPPED or how:
+            last = self.records[-1]["rollout"] if self.records else None
+            line = f"job {job_id} {how or STOPPED[state]}" + (
+                f" after rollout {last}" if last is not None else "")
+            if after is None:
+                return line
+            return line + "; the next `vime submit` of this spec " + (
+                f"resumes from rollout {after.next_rollout} (checkpoint {after.checkpoint})"
+                if after.checkpoint else "starts fresh (no checkpoint yet)")
+        error = error or ""
+        return (f"job {job_id} failed" + (f": {error}" if error else "")
+                + ("" if str(log) in error else f"\n  full log: {log}"))

@@ -31,10 +31,21 @@ def load_dir(spec, experiment_dir: Path) -> Path:
     return Path(model.load or model.save or experiment_dir / "checkpoints")
 
 
+def job_load_dir(job_dir: Path) -> Path:
+    """load_dir of a written job folder: its resolved.toml has the paths absolute."""
+    import tomllib
+
+    model = tomllib.loads((job_dir / "resolved.toml").read_text())["model"]
+    return Path(model.get("load") or model.get("save") or job_dir.parent / "checkpoints")
+
+
 def start_point(spec, experiment_dir: Path) -> StartPoint:
+    return start_point_in(load_dir(spec, experiment_dir))
+
+
+def start_point_in(folder: Path) -> StartPoint:
     from runtime.rl.checkpoint import Checkpoints
 
-    folder = load_dir(spec, experiment_dir)
     checkpoints = Checkpoints(folder)
     found = checkpoints.latest()
     if found is None:
