@@ -177,13 +177,16 @@ def cmd_explain(args) -> int:
 
 def cmd_submit(args) -> int:
     from vime.emit import plan_json
-    from vime.launch import resume, submit
+    from vime.launch import resume, shared, submit
 
     source, result = _load(args)
+    launcher = "local" if args.local else "ray-address" if args.ray_address else "slurm"
+    if result.ok and launcher == "slurm":  # paths the nodes need, on this machine only (V701)
+        result.diagnostics = shared.with_unshared(result, source.name, sys.executable,
+                                                  args.strict)
     _print_diagnostics(result, args.format)
     if not result.ok:
         return EXIT_SPEC
-    launcher = "local" if args.local else "ray-address" if args.ray_address else "slurm"
     try:
         prepared = submit.prepare(result, source.name, source.text,
                                   plan_json.plan_object(source.name, result.diagnostics,

@@ -73,7 +73,13 @@ def multi_node_shared_paths(spec: Spec):
     other nodes find nothing, or write checkpoints the head never sees. A relative path is
     made absolute by `vime submit` (vime/launch/paths.py): from the spec's folder, or for
     output_dir from the folder vime runs in; that folder must then be shared too.
-    Fix: absolute paths on a shared file system (NFS, Lustre, GPFS)."""
+    `vime submit` to Slurm looks further, on the machine it runs on: the paths made absolute,
+    and the Python that job.sbatch runs on every node (vime's own, its virtual environment's).
+    One on a file system of that machine only (tmpfs, a container's overlay, a local disk's
+    ext4 or xfs) gets this warning too, naming the mount; it does not apply when the nodes
+    mount that folder from the machine (an NFS export of it).
+    Fix: absolute paths on a shared file system (NFS, Lustre, GPFS), and vime installed in a
+    virtual environment there (or at the same path on every node)."""
     if spec.cluster.nodes <= 1:
         return
     for key, value in (("experiment.output_dir", spec.experiment.output_dir),
