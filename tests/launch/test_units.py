@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from launchkit import SMOKE, spec_sets, vime
@@ -165,3 +166,11 @@ def test_logs_f_of_a_failed_job_says_why_and_exits_4(tmp_path):
     assert done.returncode == 4, done.stdout + done.stderr
     assert done.stdout == (f"job local-0000bbbb failed: RuntimeError: the driver fails\n"
                            f"  full log: {folder / 'logs' / 'node-0.log'}\n")
+
+
+def test_a_job_id_looked_up_from_the_root_folder_is_not_an_internal_error():
+    # the folders named like the id below / include /proc/<pid>/fd/<n>, whose job.json may not
+    # be looked at (PermissionError as root in a sandbox: "vime: internal error" before)
+    done = vime("logs", "0", cwd=Path("/"), env={"PATH": "/nonexistent"}, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no Slurm here to look job 0 up" in done.stderr

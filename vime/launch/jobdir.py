@@ -75,7 +75,10 @@ def remembered(job_id: str) -> Path | None:
 
 
 def is_job_folder(path: Path) -> bool:
-    return (path / "job.json").is_file()
+    try:
+        return (path / "job.json").is_file()
+    except OSError:  # a folder that may not be read: /proc/<pid>/fd/<n>, found from /
+        return False
 
 
 def dumps(obj: dict) -> str:
