@@ -163,6 +163,15 @@ def test_the_build_folders_script_runs_as_it_is(tmp_path):
                           timeout=60)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip().split(";")[0]
+    held = subprocess.run(["sbatch", "--parsable", "--hold", "build/smoke/job.sbatch"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    held_id = held.stdout.strip().split(";")[0]
+    try:  # before its first step ran, such a job has no folder to find
+        pending = vime("status", held_id)
+        assert pending.returncode == 2 and (f"job {held_id} is PENDING and has no job folder "
+                                            "yet") in pending.stderr, pending.stderr
+    finally:
+        subprocess.run(["scancel", held_id], timeout=60)
     batch_log = tmp_path / f"slurm-{job_id}.out"
     assert wait_finished(job_id) == "COMPLETED", batch_log.read_text()
     folder = tmp_path / "runs" / "qwen3-30b-a3b-smoke" / job_id

@@ -48,6 +48,10 @@ def find(job: str) -> JobFolder:
     candidate = Path(found.workdir) / job
     if is_job_folder(candidate) and JobFolder(candidate).info.get("job_id") == job:
         return JobFolder(candidate)
+    if found.state in ("PENDING", "CONFIGURING"):
+        raise FollowError(f"job {job} is {found.state} and has no job folder yet: a job.sbatch "
+                          "submitted with plain sbatch writes it when the job starts "
+                          "(vime/launch/batch.py); ask again then")
     raise FollowError(f"job {job} is not a vime job, or its folder is gone (Slurm's working "
                       f"directory: {found.workdir}); give its job folder instead")
 
