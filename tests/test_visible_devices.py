@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from specsupport import ROOT, codes, run_spec
 
-from vime.check.cluster import visible_count
+from vime.check.cluster import hidden_in_local_environment, visible_count
+from vime.cli import main
 
 SPEC = ROOT / "specs" / "qwen3_30b.toml"
 
@@ -50,3 +51,33 @@ def test_four_gpu_nodes_with_four_visible_are_clean():
 def test_the_torch_pair_may_hide_gpus_to_run_on_the_cpu():
     result = run_spec(ROOT / "specs" / "tiny_cpu.toml", ['cluster.env.CUDA_VISIBLE_DEVICES=""'])
     assert "V707" not in codes(result)
+
+
+# `vime submit --local`: the launcher's own environment, which its logical nodes inherit
+
+H200 = ROOT / "specs" / "tiny_h200.toml"  # megatron + vllm on one GPU
+
+
+@pytest.mark.parametrize("value", ["", "none"])
+def test_submit_local_refuses_an_environment_that_hides_the_gpu(tmp_path, monkeypatch, capsys,
+                                                                 value):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    code = main(["submit", "--local", str(H200), "--set", f'experiment.output_dir="{tmp_path}"'])
+    err = capsys.readouterr().err
+    assert code == 1 and "error[V707]" in err, err
+    assert "in the environment of `vime submit --local` shows 0 of the 1 GPUs" in err
+    assert "help: unset CUDA_VISIBLE_DEVICES" in err
+    assert not any(tmp_path.iterdir())  # nothing started, no job folder
+
+
+def test_the_gpus_the_environment_shows_are_counted_over_the_nodes():
+    spec = run_spec(SPEC, ["cluster.nodes=2"]).spec
+    (diag,) = hidden_in_local_environment(spec, {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
+    assert "shows 8 of the 16 GPUs" in diag.message and diag.key == "environment.CUDA_VISIBLE_DEVICES"
+    assert not hidden_in_local_environment(spec, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(16)))})
+    assert not hidden_in_local_environment(spec, {})
+
+
+def test_the_torch_pair_on_the_cpu_is_not_checked_at_submit():
+    spec = run_spec(ROOT / "specs" / "tiny_cpu.toml").spec
+    assert not hidden_in_local_environment(spec, {"CUDA_VISIBLE_DEVICES": ""})

@@ -184,6 +184,12 @@ def cmd_submit(args) -> int:
     if result.ok and launcher == "slurm":  # paths the nodes need, on this machine only (V701)
         result.diagnostics = shared.with_unshared(result, source.name, sys.executable,
                                                   args.strict)
+    elif result.ok and launcher == "local":  # the GPUs this machine's environment shows (V707)
+        from vime.check.cluster import hidden_in_local_environment
+        from vime.diagnostics import finalize
+
+        result.diagnostics = finalize([*result.diagnostics, *hidden_in_local_environment(
+            result.spec, os.environ)], args.strict)
     _print_diagnostics(result, args.format)
     if not result.ok:
         return EXIT_SPEC

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from vime.check.registry import Finding, rule
+from vime.diagnostics import Diagnostic
 from vime.resolve import GPU_MEMORY_GIB
 from vime.resolve.spec import Spec
 
@@ -219,10 +220,16 @@ def visible_devices_show_the_plans_gpus(spec: Spec):
     Ray start for GPUs that never appear ("waiting for N GPUs") or the placement groups of
     the actor and the engines are never scheduled. Slurm already sets CUDA_VISIBLE_DEVICES
     to the job's own GPUs; vime needs no help to choose them.
+    `vime submit --local` checks the same in its own environment, which its nodes inherit
+    (each logical node takes its slice of CUDA_VISIBLE_DEVICES): a list shorter than
+    cluster.nodes × cluster.gpus_per_node is this error before anything starts. A Slurm job
+    is not checked there: sbatch passes the submit environment on, but Slurm sets
+    CUDA_VISIBLE_DEVICES to the GPUs it allocates (--gpus-per-node).
     Not checked: values that use shell expansions, and the torch backends on both sides
     (which may be meant to run on the CPU).
-    Fix: remove the variable from [cluster.env], or list as many devices as
-    cluster.gpus_per_node (and set gpus_per_node to the GPUs you mean to use)."""
+    Fix: remove the variable from [cluster.env] (or unset it before `vime submit --local`),
+    or list as many devices as cluster.gpus_per_node (and set gpus_per_node to the GPUs you
+    mean to use)."""
     if spec.train.backend == spec.inference.backend == "torch":
         return
     need = spec.cluster.gpus_per_node
@@ -239,3 +246,24 @@ def visible_devices_show_the_plans_gpus(spec: Spec):
                           f"or cluster.gpus_per_node = {count}" if count else
                           f"remove {name} from [cluster.env]",
                           related=("cluster.gpus_per_node",))
+
+
+def hidden_in_local_environment(spec: Spec, environ) -> list[Diagnostic]:
+    """V707 for `vime submit --local`: the launcher's own visible-devices variables, which
+    its logical nodes inherit, against the GPUs the plan places on this machine."""
+    if spec.train.backend == spec.inference.backend == "torch":
+        return []
+    need = spec.cluster.nodes * spec.cluster.gpus_per_node
+    found = []
+    for name in VISIBLE_DEVICES:
+        value = environ.get(name)
+        count = None if value is None else visible_count(name, value)
+        if count is not None and count < need:
+            found.append(Diagnostic(
+                "error", "V707", ("environment", name),
+                f"{name}={value!r} in the environment of `vime submit --local` shows {count} "
+                f"of the {need} GPUs the plan places on this machine: its Ray would wait for "
+                "GPUs that it cannot see",
+                help=f"unset {name}, or plan for the GPUs it shows (cluster.nodes × "
+                f"cluster.gpus_per_node = {count})" if count else f"unset {name}"))
+    return found
