@@ -72,16 +72,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _offload_options(opt) -> dict:
-    """The spec's CPU Adam (train.optimizer.cpu_offload) as megatron-core's options: the whole
-    optimizer on the host (HybridDeviceOptimizer, torch's AdamW there), fp32 main weights
-    and moments with it. megatron-core needs no Transformer Engine for this path
-    (OptimizerConfig returns before its FusedAdam check when optimizer_cpu_offload is set)."""
-    if not opt.cpu_offload:
-        return {}
-    return dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
-                use_precision_aware_optimizer=True, decoupled_weight_decay=True,
-                overlap_cpu_optimizer_d2h_h2d=opt.overlap_cpu_optimizer_d2h_h2d)
+def _optimizer_options(opt) -> dict:
+    """The spec's train.optimizer as megatron-core's OptimizerConfig options beyond lr, betas
+    and decay. CPU Adam (cpu_offload): the whole optimizer on the host (HybridDeviceOptimizer,
+    torch's AdamW there), fp32 main weights and moments with it; megatron-core needs no
+    Transformer Engine for it (OptimizerConfig returns before its FusedAdam check when
+    optimizer_cpu_offload is set). precision_aware without CPU Adam is passed on as written:
+    megatron-core then runs Transformer Engine's FusedAdam and refuses to start without it
+    ("--use-precision-aware-optimizer requires FusedAdam from TransformerEngine"), as V214
+    warns. The distributed optimizer is always on (V215)."""
+    if opt.cpu_offload:
+        return dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
+                    use_precision_aware_optimizer=True, decoupled_weight_decay=True,
+                    overlap_cpu_optimizer_d2h_h2d=opt.overlap_cpu_optimizer_d2h_h2d)
+    return dict(use_precision_aware_optimizer=True) if opt.precision_aware else {}
 
 
 def _head_inputs(hidden_states, output_layer, output_weight, **_context):
@@ -167,7 +171,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                             adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2,
                             clip_grad=opt.clip_grad or 0.0, bf16=True,
                             params_dtype=torch.bfloat16, use_distributed_optimizer=True,
-                            **_offload_options(opt)),
+                            **_optimizer_options(opt)),
             [self.model])
         self.params = dict(self.gpt.named_parameters())
         self.ref = ({n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}

@@ -276,6 +276,23 @@ def overlap_needs_cpu_offload(spec: Spec):
                       related=("train.optimizer.cpu_offload",))
 
 
+@rule("V215", "megatron-backend-shards-the-optimizer", severity="warning", enforced_by="vime")
+def megatron_backend_shards_the_optimizer(spec: Spec):
+    """vime's Megatron backend always uses the distributed optimizer.
+
+    runtime/backends/megatron_train.py builds megatron-core's DistributedDataParallel and
+    optimizer with use_distributed_optimizer = True: its checkpoints (the dp_reshardable
+    optimizer layout), the Adam step-count restore and the offloaded export are written for
+    that optimizer and have not run without it. distributed = false would be planned with
+    the optimizer state whole on every data-parallel rank and run sharded.
+    Fix: remove train.optimizer.distributed (its default is true)."""
+    if spec.train.backend == "megatron" and not spec.train.optimizer.distributed:
+        yield Finding("train.optimizer.distributed",
+                      "vime's Megatron backend always shards the optimizer state over the "
+                      "data-parallel ranks: distributed = false is planned unsharded but would "
+                      "run sharded", help="remove train.optimizer.distributed (default true)")
+
+
 @rule("V208", "cp-divides-sequence", enforced_by="megatron")
 def cp_divides_sequence(spec: Spec):
     """With context parallelism the sequence length must be a multiple of 2 × cp.
@@ -304,9 +321,12 @@ def cp_divides_sequence(spec: Spec):
 def precision_aware_without_offload_needs_te(spec: Spec):
     """The precision-aware optimizer without CPU offload runs on Transformer Engine's FusedAdam.
 
-    megatron/core/optimizer/__init__.py raises "RuntimeError: --use-precision-aware-optimizer
-    requires FusedAdam from TransformerEngine, but not found." when TE is not installed;
-    with cpu_offload the check is skipped (CPU Adam is used instead).
+    megatron-core's OptimizerConfig raises "RuntimeError: --use-precision-aware-optimizer
+    requires FusedAdam from TransformerEngine, but not found." when TE is not installed
+    (megatron/core/optimizer/optimizer_config.py, 0.19.2); with cpu_offload the check is
+    skipped (CPU Adam is used instead). vime's Megatron backend passes the flag on as the
+    spec writes it (runtime/backends/megatron_train.py); the compiler cannot see whether
+    the job's nodes have TE, hence a warning.
     Fix: make sure the job's image has transformer-engine, or set precision_aware = false."""
     opt = spec.train.optimizer
     if opt.precision_aware and not opt.cpu_offload:
