@@ -32,6 +32,7 @@ import torch
 
 _LOCAL_EXPERT = re.compile(r"local_experts\.(\d+)\.")
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EMBEDDING = "embedding.word_embeddings.weight"
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,12 @@ def pieces(gpt) -> list[Piece]:
         if not start <= entry.data.data_ptr() < end:
             raise RuntimeError(f"{entry.key}: no parameter holds this piece")
         name = _LAYER.sub(lambda m: f"decoder.layers.{layer_of[int(m.group(1))]}.", name)
+        if name == "output_layer.weight" and entry.key == _EMBEDDING:
+            # tied embeddings under pp > 1: the last stage's copy of the first stage's
+            # embedding, keyed by it as a non-main replica (megatron-core's
+            # tie_embeddings_and_output_weights_state_dict); a tied model has no output_layer
+            # tensor of its own (issue 21, tests/runtime/test_megatron_pipeline.py)
+            name = _EMBEDDING
         prepend = entry.prepend_axis_num
         if prepend:  # experts: the offset on the leading axis is the global expert index
             name = _LOCAL_EXPERT.sub(f"local_experts.{entry.global_offset[0]}.", name, count=1)
