@@ -19,6 +19,7 @@ from pathlib import Path
 
 from runtime import backends
 from runtime.core.slices import JobConfig
+from runtime.node.ray_bootstrap import own_signal_handlers
 from runtime.rl import rewards
 from runtime.rl.checkpoint import Checkpoints
 from runtime.rl.data import PromptSampler, read_prompts
@@ -94,7 +95,8 @@ def _connect_ray() -> None:
     if not os.environ.get("RAY_ADDRESS"):
         raise RuntimeError("no Ray cluster: the driver runs inside a job (`vime submit`, "
                            "`vime submit --local`), which sets RAY_ADDRESS")
-    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="WARNING", log_to_driver=True)
+    with own_signal_handlers():  # a scancel still reaches the node's teardown
+        ray.init(address=os.environ["RAY_ADDRESS"], logging_level="WARNING", log_to_driver=True)
 
 
 def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:

@@ -62,12 +62,17 @@ from runtime.node.ray_bootstrap import (
     default_auth_mode,
     gpus_by_node,
     node_address,
+    own_signal_handlers,
     temp_dir,
 )
 from vime.launch import ports as port_plan
 
 POLL_S = 0.5
 WORKER_STOP_WAIT_S = 15.0
+# After scancel, Slurm sends SIGKILL KillWait seconds after SIGTERM (5 s on the CI cluster, 30 by
+# default): the node's Ray gets this long to exit before it is killed, so that its temp folder
+# is removed within that time (with 8 s, /tmp/vime-<job>-<attempt>-<node> was left behind).
+TERMINATED_GRACE_S = 1.0
 # `ray start` on a worker gives its raylet 30 s to register with the GCS (ray/_private/node.py,
 # raylet_start_wait_time_s) and exits 1 after that; on a loaded node that happens. NeMo-RL's
 # ray.sub retries 3 times too.
@@ -121,11 +126,22 @@ class _Terminated(SystemExit):
     pass
 
 
+_signalled = False
+
+
 def _on_sigterm(signum, frame):
+    global _signalled
     # once: the teardown must not be interrupted
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _signalled = True
     raise _Terminated(128 + signum)
+
+
+def _stop(node: RayNode, ctx: NodeContext) -> None:
+    """This node's Ray stopped, its logs kept in the job folder; quickly when signalled."""
+    node.stop(grace_s=TERMINATED_GRACE_S if _signalled else 8.0,
+              keep_logs=ctx.job_dir / "logs" / "ray" / f"node-{ctx.node}")
 
 
 def _stop_on_signals() -> None:
@@ -220,8 +236,9 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         outcome["finished"] = time.time()
         _write_json(ray_dir / f"done-{ctx.attempt}", {"state": outcome["state"]})
-        _wait_for_workers(ctx)
-        node.stop(keep_logs=ctx.job_dir / "logs" / "ray" / f"node-{ctx.node}")
+        if not _signalled:  # signalled, the workers were too (scancel, vime cancel)
+            _wait_for_workers(ctx)
+        _stop(node, ctx)
         _write_json(ctx.job_dir / "outcome.json", outcome)
         if outcome["error"]:
             print(f"vime: job failed: {outcome['error']}", file=sys.stderr, flush=True)
@@ -255,7 +272,8 @@ def _wait_for_gpus(ctx: NodeContext, node: RayNode, address: str, launch: dict,
 
     gpus_per_node, timeout = launch["gpus_per_node"], launch["ray"]["startup_timeout_s"]
     _wait_for_gcs(node, address, deadline)
-    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    with own_signal_handlers():
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
     try:
         while True:
             per_node = gpus_by_node(ctx.nodes)
@@ -283,7 +301,8 @@ def _wait_for_gpus(ctx: NodeContext, node: RayNode, address: str, launch: dict,
                     "ray-node-<i>.log)")
             time.sleep(POLL_S)
     finally:
-        ray.shutdown()
+        with own_signal_handlers():
+            ray.shutdown()
 
 
 def _wait_for_workers(ctx: NodeContext) -> None:
@@ -343,7 +362,7 @@ def _run_worker(ctx: NodeContext, launch: dict, node: RayNode, common: dict) -> 
             time.sleep(POLL_S)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        node.stop(keep_logs=ctx.job_dir / "logs" / "ray" / f"node-{ctx.node}")
+        _stop(node, ctx)
         if state["state"] != "failed":
             state["state"] = "stopped"
         _write_json(state_path, state)

@@ -39,6 +39,31 @@ MARKER = "VIME_RAY_NODE"
 NODE_RESOURCE = "vime_node_{}"  # a custom resource that names the job's node index
 
 
+@contextlib.contextmanager
+def own_signal_handlers():
+    """Around ray.init and ray.shutdown: this process's SIGTERM and SIGINT handlers, set again
+    after them.
+
+    ray.init installs Ray's C++ failure handler for SIGTERM (absl's: it prints `*** SIGTERM
+    received at time=...` and ends the process) and ray.shutdown leaves SIGTERM to its
+    default action, while Python's signal.getsignal still names the handler set before. So
+    the node's teardown (runtime/node/job.py: stop its Ray, remove its temp folder, record the
+    outcome) never ran on the head after a scancel or a job's time limit, and
+    /tmp/vime-<job>-<attempt>-<node> was left behind. Set again, Python's handler takes the
+    signal, and ray.get returns to Python to run it (seen here with Ray 2.55: a handler set
+    before ray.init, or before ray.shutdown, never ran; one set after them did)."""
+    import threading
+
+    saved = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for number, handler in saved.items():
+                if callable(handler):
+                    signal.signal(number, handler)
+
+
 def default_auth_mode(environ) -> None:
     """Token authentication off for the job's Ray, unless the user chose a mode.
 

@@ -126,6 +126,9 @@ def test_cancel_ends_the_job_and_its_ray(tmp_path):
     assert cancelled.returncode == 0 and "cancelled job" in cancelled.stdout
     assert wait_finished(job_id, timeout=60).startswith("CANCELLED")
     wait_until(lambda: not _ray_of(job_id), 20, f"job {job_id}'s Ray processes to end")
+    # within Slurm's KillWait (5 s here): the nodes' Ray temp folders are gone too
+    wait_until(lambda: not list(Path("/tmp").glob(f"vime-{job_id}-*")), 20,
+               f"job {job_id}'s Ray temp folders to be removed")
 
 
 def test_a_requeued_job_resumes_where_it_stopped(tmp_path):
