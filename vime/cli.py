@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -64,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--quiet", action="store_true",
                         help="--local / --ray-address: no progress, only the outcome; "
                         "Slurm: print only the job id")
+    submit.add_argument("--detach", action="store_true",
+                        help="--local / --ray-address: run the job in the background, apart "
+                        "from this terminal (as a Slurm job is); `vime logs -f`, `vime status` "
+                        "and `vime cancel` reach it by its id")
+    submit.add_argument("--as-job", help=argparse.SUPPRESS)  # the detached launcher's job id
     status = verbs.add_parser("status", help="state of a submitted job (squeue, then sacct)")
     status.add_argument("job", help="Slurm job id or job folder")
     logs = verbs.add_parser("logs", help="a node's log of a submitted job")
@@ -215,6 +221,8 @@ def cmd_submit(args) -> int:
             folder = submit.submit_slurm(prepared)
             return _submitted(folder, result, start, args.quiet)
         _preflight_here(prepared, source, args.ray_address)
+        if args.detach:
+            return _detach(args, prepared, start, launcher)
         return _run_here(args, prepared, start, launcher)
     except submit.SubmitError as err:
         raise UsageError(str(err)) from None
@@ -282,6 +290,48 @@ def _submitted(folder, result, start, quiet: bool) -> int:
     return EXIT_OK
 
 
+DETACHED_START_S = 120  # the detached launcher's compile and job folder, at most
+
+
+def _detach(args, prepared, start, launcher: str) -> int:
+    """--detach: this same submit (its --set values, --fresh's new name included) run again by a
+    launcher in a session of its own, which no hang-up of this terminal reaches; it writes the
+    job folder under an id chosen here and runs the job as an attached launcher does (its
+    nodes end with it). Returns once the job folder exists."""
+    import subprocess
+
+    from vime.launch import submit
+
+    job_id = submit.new_local_id("local" if launcher == "local" else "ray")
+    folder = prepared.experiment_dir / job_id
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "vime", "submit", args.spec, "--quiet", "--as-job", job_id,
+            *(["--local"] if launcher == "local" else ["--ray-address", args.ray_address]),
+            *(["--strict"] if args.strict else [])]
+    for value in args.sets:
+        argv += ["--set", value]
+    log = folder / "logs" / "launcher.log"
+    with open(log, "ab") as out:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + DETACHED_START_S
+    while not (folder / "local.json").exists():
+        if child.poll() is not None or time.monotonic() > deadline:
+            what = (f"exited with code {child.returncode}" if child.returncode is not None
+                    else f"had not started the job after {DETACHED_START_S} s")
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise UsageError(f"--detach: the job's launcher {what} ({log}):\n" + "\n".join(tail))
+        time.sleep(0.2)
+    spec = prepared.plan.spec
+    print(f"vime: job {job_id}: {spec.experiment.name}, detached (launcher pid {child.pid})\n"
+          f"  folder  {folder}\n"
+          f"  {start.describe(spec.rollout.num_rollout)}\n"
+          f"  follow  vime logs -f {job_id}\n"
+          f"  status  vime status {job_id}\n"
+          f"  stop    vime cancel {job_id}")
+    return EXIT_OK
+
+
 def _run_here(args, prepared, start, launcher: str) -> int:
     from vime.launch import progress, resume, submit
 
@@ -305,8 +355,9 @@ def _run_here(args, prepared, start, launcher: str) -> int:
     def on_poll() -> None:
         shown.poll()
 
-    folder, code = (submit.submit_local(prepared, on_start, on_poll) if args.local
-                    else submit.submit_attached(prepared, args.ray_address, on_start, on_poll))
+    folder, code = (submit.submit_local(prepared, on_start, on_poll, args.as_job) if args.local
+                    else submit.submit_attached(prepared, args.ray_address, on_start, on_poll,
+                                                args.as_job))
     job_id = folder.info["job_id"]
     outcome = folder.read_json("outcome.json") or {}
     state = outcome.get("state") or ("succeeded" if code == 0 else "failed")

@@ -118,3 +118,34 @@ def test_an_unreachable_ray_address_is_a_clear_error(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no Ray cluster answers at 127.0.0.1:1 (Connection refused)" in done.stderr
     assert not (tmp_path / "runs").exists()  # no job folder for a job that never ran
+
+
+def test_a_detached_run_goes_on_after_submit_returns_and_is_cancelled_by_id(tmp_path):
+    env = {"VIME_DRIVER": f"{DRIVERS}:rollouts", "VIME_TEST_STEPS": "100000",
+           "VIME_TEST_STEP_S": "0.3"}
+    done = vime("submit", str(SMOKE), "--local", "--detach",
+                *spec_sets(tmp_path / "runs", nodes=1, gpus_per_node=2,
+                           **{"rollout.num_rollout": "1000"}), env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = _job(tmp_path)
+    assert done.stdout.startswith(f"vime: job {folder.name}: qwen3-30b-a3b-smoke, detached")
+    assert f"follow  vime logs -f {folder.name}" in done.stdout
+    assert f"stop    vime cancel {folder.name}" in done.stdout
+    # the submit has returned; its job trains on, apart from the terminal it came from
+    metrics = folder / "metrics.jsonl"
+    wait_until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 120,
+               "three rollouts of the detached job")
+    assert not _gone(folder)
+    launcher = json.loads((folder / "local.json").read_text())["launcher_pid"]
+    assert os.getsid(launcher) == launcher  # a session of its own: no hang-up of ours reaches it
+    started = time.time()
+    cancelled = vime("cancel", folder.name, cwd=Path("/"))
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    wait_until(lambda: _gone(folder) and _no_temp(folder), STOPPED_WITHIN_S,
+               "the detached job's processes and temp folder to go")
+    assert time.time() - started < STOPPED_WITHIN_S + 1
+    wait_until(lambda: (folder / "outcome.json").exists(), STOPPED_WITHIN_S, "its outcome")
+    assert json.loads((folder / "outcome.json").read_text())["state"] == "cancelled"
+    log = folder / "logs" / "launcher.log"  # the detached launcher's own ending
+    wait_until(lambda: "cancelled (vime cancel)" in log.read_text(), STOPPED_WITHIN_S,
+               "the launcher's ending in its log")

@@ -141,12 +141,13 @@ def new_local_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:8]}"
 
 
-def submit_local(prepared: Prepared, on_start=None, on_poll=None) -> tuple[JobFolder, int]:
-    """Write the job folder, call on_start(folder), run the job here; on_poll() between the
-    launcher's checks (vime/launch/progress.py)."""
+def submit_local(prepared: Prepared, on_start=None, on_poll=None,
+                 job_id: str | None = None) -> tuple[JobFolder, int]:
+    """Write the job folder (job_id: the one `submit --detach` chose), call on_start(folder),
+    run the job here; on_poll() between the launcher's checks (vime/launch/progress.py)."""
     from vime.launch.local import run_local
 
-    folder = write_folder(prepared, new_local_id("local"))
+    folder = write_folder(prepared, job_id or new_local_id("local"))
     jobdir.remember(folder.info["job_id"], folder.path)
     if on_start:
         on_start(folder)
@@ -155,11 +156,11 @@ def submit_local(prepared: Prepared, on_start=None, on_poll=None) -> tuple[JobFo
     return folder, code
 
 
-def submit_attached(prepared: Prepared, address: str, on_start=None,
-                    on_poll=None) -> tuple[JobFolder, int]:
+def submit_attached(prepared: Prepared, address: str, on_start=None, on_poll=None,
+                    job_id: str | None = None) -> tuple[JobFolder, int]:
     from vime.launch.local import run_attached
 
-    folder = write_folder(prepared, new_local_id("ray"))
+    folder = write_folder(prepared, job_id or new_local_id("ray"))
     jobdir.remember(folder.info["job_id"], folder.path)
     if on_start:
         on_start(folder)
