@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from runtime.core import loss_head, nucleus  # noqa: E402
+from runtime.core.memprobe import peak_bytes  # noqa: E402
 
 GiB = 1024**3
 
@@ -105,21 +106,6 @@ def step(head, hidden, weight, targets, weights, args):
     return log_probs.detach(), entropy.detach()
 
 
-def cpu_peak(run) -> int:
-    """Peak live bytes during run(), from the CPU allocator's reports to torch's profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
 def measure(args) -> dict:
     """One head in this process: its peaks over the inputs and the last step's seconds."""
     device = torch.device(args.device)
@@ -141,7 +127,7 @@ def measure(args) -> dict:
     else:
         out = {}
         start = time.perf_counter()
-        allocated = cpu_peak(lambda: out.update(v=step(args.head, hidden, weight, targets,
+        allocated = peak_bytes(lambda: out.update(v=step(args.head, hidden, weight, targets,
                                                        weights, args)))
         seconds = time.perf_counter() - start
         values, reserved = out["v"], None

@@ -37,6 +37,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from runtime.core.memprobe import peak_bytes, saved_bytes  # noqa: E402
 from vime.plan import memory  # noqa: E402
 
 # (hidden, moe ffn, experts, top-k): the planner's terms must hold at every one
@@ -60,37 +61,6 @@ def _arch(hidden, ffn, experts=0, topk=0):
     else:
         config.update(model_type="qwen3", intermediate_size=ffn)
     return arch_from_config(config)
-
-
-def saved_bytes(step) -> int:
-    """Bytes of the distinct storages autograd saves during step(), leaving out leaves that
-    require grad (inputs and parameters exist anyway)."""
-    seen: dict[int, int] = {}
-
-    def pack(tensor):
-        if not (tensor.is_leaf and tensor.requires_grad):
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        step()
-    return sum(seen.values())
-
-
-def peak_bytes(step) -> int:
-    """The peak of live bytes the CPU allocator reports to torch's profiler during step()."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 class _NoStream:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from runtime.core import loss_head, nucleus
+from runtime.core.memprobe import peak_bytes, saved_bytes
 
 N, HIDDEN, VOCAB = 41, 8, 64
 
@@ -214,37 +215,6 @@ def test_tensor_parallel_vocabulary_gives_the_whole_vocabularys_numbers():
 
 
 # ------------------------------------------------------------------------------- memory
-
-def saved_bytes(step) -> int:
-    """Bytes of the distinct tensors autograd saves for the backward during step(), leaving
-    out its inputs and parameters (they exist anyway)."""
-    seen: dict[int, int] = {}
-
-    def pack(tensor):
-        if not (tensor.is_leaf and tensor.requires_grad):  # not an input or a parameter
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        step()
-    return sum(seen.values())
-
-
-def peak_bytes(step) -> int:
-    """The peak of live bytes the CPU allocator reports to torch's profiler during step(),
-    over what was live before it."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 MEASURED_VOCAB, MEASURED_HIDDEN = 8192, 64
