@@ -20,7 +20,6 @@ inputs and weights are the dispatcher's outputs either way.
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 
 import pytest
@@ -30,6 +29,7 @@ pytest.importorskip("megatron.core")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatroncpu import free_port  # noqa: E402
 
 TINY = {
     "model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 64,
@@ -275,16 +275,10 @@ def _rank(rank: int, world: int, port: int, case: str, results) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run(case: str, world: int) -> dict:
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_rank, args=(world, _free_port(), case, results), nprocs=world)
+        mp.spawn(_rank, args=(world, free_port(), case, results), nprocs=world)
         results = dict(results)
     for result in results.values():
         assert "error" not in result, result["error"]

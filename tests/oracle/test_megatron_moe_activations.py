@@ -24,9 +24,7 @@ that does nothing takes their place (the copies are plain CPU tensors here).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import warnings
 
 import pytest
@@ -36,6 +34,7 @@ pytest.importorskip("megatron.core")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatroncpu import cpu_streams, free_port  # noqa: E402
 
 from runtime.core.memprobe import peak_bytes, saved_bytes  # noqa: E402
 from vime.plan import memory  # noqa: E402
@@ -61,27 +60,6 @@ def _arch(hidden, ffn, experts=0, topk=0):
     else:
         config.update(model_type="qwen3", intermediate_size=ffn)
     return arch_from_config(config)
-
-
-class _NoStream:
-    """A CUDA stream's stand-in for the alltoall dispatcher's device-to-host copies."""
-
-    def wait_stream(self, _other):
-        pass
-
-    def record_event(self):
-        return self
-
-    def synchronize(self):
-        pass
-
-
-def _cpu_world() -> None:
-    stream = _NoStream()
-    torch.cuda.current_device = lambda: "cpu"  # megatron's rotary embedding asks for it
-    torch.cuda.Stream = lambda *a, **k: stream
-    torch.cuda.current_stream = lambda *a, **k: stream
-    torch.cuda.stream = lambda _s: contextlib.nullcontext()
 
 
 def _per_token(build_step) -> float:
@@ -195,7 +173,7 @@ def _rank(rank: int, world: int, port: int, results) -> None:
     try:
         from megatron.core import parallel_state
 
-        _cpu_world()
+        cpu_streams()
         parallel_state.initialize_model_parallel(1, 1)
         results[rank] = {
             "moe": {shape: _moe_saved(*shape) for shape in SHAPES},
@@ -211,17 +189,11 @@ def _rank(rank: int, world: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def measured():
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_rank, args=(1, _free_port(), results), nprocs=1)
+        mp.spawn(_rank, args=(1, free_port(), results), nprocs=1)
         result = dict(results)[0]
     assert "error" not in result, result["error"]
     return result

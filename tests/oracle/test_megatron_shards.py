@@ -12,7 +12,6 @@ shards it.
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 import zlib
 
@@ -23,6 +22,7 @@ pytest.importorskip("megatron.core")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatroncpu import free_port  # noqa: E402
 
 TINY = {
     "model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 64,
@@ -83,16 +83,10 @@ def _rank(rank: int, world: int, port: int, tp: int, ep: int, results) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run(tp: int, ep: int, world: int = 2) -> dict:
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_rank, args=(world, _free_port(), tp, ep, results), nprocs=world)
+        mp.spawn(_rank, args=(world, free_port(), tp, ep, results), nprocs=world)
         return dict(results)
 
 

@@ -11,7 +11,6 @@ although a dense model has no dispatcher at all.
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
+from megatroncpu import free_port  # noqa: E402
 
 from vime.resolve.model import arch_from_config  # noqa: E402
 
@@ -30,12 +30,6 @@ DENSE = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def parallel_state():
     from megatron.core import parallel_state
@@ -43,7 +37,7 @@ def parallel_state():
     warnings.simplefilter("ignore")
     if not torch.distributed.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
         torch.distributed.init_process_group("gloo", world_size=1, rank=0)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)

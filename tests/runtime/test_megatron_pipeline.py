@@ -40,9 +40,7 @@ finalize_model_grads ran unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import warnings
 
 import pytest
@@ -52,6 +50,7 @@ pytest.importorskip("megatron.core")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatroncpu import cpu_streams, free_port  # noqa: E402
 
 from vime.resolve.model import arch_from_config  # noqa: E402
 
@@ -77,17 +76,6 @@ MICRO_BATCHES = [[0, 1], [2], [3], [4]]
 TEMPERATURE = 0.8
 
 
-class _NoStream:
-    def wait_stream(self, _other):
-        pass
-
-    def record_event(self):
-        return self
-
-    def synchronize(self):
-        pass
-
-
 def _cpu_stands_in_for_cuda() -> None:
     """Test only: megatron-core's CUDA calls on the schedule's path answered on the CPU (the
     module docstring says which and why)."""
@@ -104,12 +92,8 @@ def _cpu_stands_in_for_cuda() -> None:
             return func(*args, **kwargs)
 
     CudaIsTheCpu().__enter__()  # for the rest of this spawned process
-    stream = _NoStream()
-    torch.cuda.current_device = lambda: "cpu"
+    cpu_streams()
     torch.cuda.synchronize = lambda *_a, **_k: None
-    torch.cuda.Stream = lambda *_a, **_k: stream
-    torch.cuda.current_stream = lambda *_a, **_k: stream
-    torch.cuda.stream = lambda _s: contextlib.nullcontext()
 
 
 def _micro_batches(with_loss: dict | None):
@@ -246,9 +230,7 @@ def _rank(rank: int, world: int, port: int, weights: dict | None, results) -> No
 
 
 def _spawn(world: int, weights: dict | None) -> list[dict]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(world, port, weights, results), nprocs=world, join=True)
     out = [results[r] for r in range(world)]

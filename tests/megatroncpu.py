@@ -1,0 +1,40 @@
+"""Test-only helpers for megatron-core on the CPU over gloo (imported as `megatroncpu`, like
+`specsupport`): a free port for the process group, and CPU stand-ins for the CUDA streams and
+device queries that megatron-core's alltoall dispatcher and rotary embedding make. The
+runtime never uses them; they answer on the CPU what megatron-core asks of CUDA."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+import torch
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class NoStream:
+    """A CUDA stream's stand-in for the alltoall dispatcher's device-to-host copies."""
+
+    def wait_stream(self, _other):
+        pass
+
+    def record_event(self):
+        return self
+
+    def synchronize(self):
+        pass
+
+
+def cpu_streams() -> None:
+    """For the rest of this (spawned) process: torch.cuda's device and stream calls that
+    megatron-core makes on the MoE and rotary paths, answered on the CPU."""
+    stream = NoStream()
+    torch.cuda.current_device = lambda: "cpu"  # megatron's rotary embedding asks for it
+    torch.cuda.Stream = lambda *_a, **_k: stream
+    torch.cuda.current_stream = lambda *_a, **_k: stream
+    torch.cuda.stream = lambda _s: contextlib.nullcontext()
