@@ -1,7 +1,8 @@
 """Test-only helpers for megatron-core on the CPU over gloo (imported as `megatroncpu`, like
-`specsupport`): a free port for the process group, and CPU stand-ins for the CUDA streams and
-device queries that megatron-core's alltoall dispatcher and rotary embedding make. The
-runtime never uses them; they answer on the CPU what megatron-core asks of CUDA."""
+`specsupport`): a tiny MoE config, a free port for the process group, and CPU stand-ins for
+the CUDA streams and device queries that megatron-core's alltoall dispatcher and rotary
+embedding make. The runtime never uses them; they answer on the CPU what megatron-core asks
+of CUDA."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ import contextlib
 import socket
 
 import torch
+
+# A Qwen3-MoE small enough for a CPU process: its first layer dense, the second MoE (the shard
+# and grouped-experts oracles build it).
+TINY_MOE = {
+    "model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 64,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+    "intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 4,
+    "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0],
+    "tie_word_embeddings": False, "max_position_embeddings": 256, "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6, "norm_topk_prob": True,
+}
 
 
 def free_port() -> int:

@@ -11,7 +11,6 @@ Grouped-query heads (4 query heads, 2 key/value heads) as in Qwen3.
 from __future__ import annotations
 
 import os
-import socket
 import types
 import warnings
 
@@ -22,6 +21,7 @@ pytest.importorskip("megatron.core")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatroncpu import free_port  # noqa: E402
 
 CP = 2
 SEQ, BATCH, HEADS, KV_HEADS, DIM = 24, 2, 4, 2, 8
@@ -76,9 +76,7 @@ def _rank(rank: int, port: int, results) -> None:
 
 
 def test_context_parallel_attention_equals_whole_sequence_attention():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(port, results), nprocs=CP, join=True)
     for rank in range(CP):

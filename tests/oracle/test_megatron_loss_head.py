@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import types
 import warnings
 from unittest import mock
@@ -28,6 +27,7 @@ pytest.importorskip("megatron.core")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatroncpu import free_port  # noqa: E402
 
 from runtime.backends.torch_train import response_positions  # noqa: E402
 from runtime.core import loss_head, nucleus  # noqa: E402
@@ -153,9 +153,7 @@ def _rank(rank: int, port: int, results) -> None:
 
 
 def test_the_chunked_loss_head_on_a_tensor_parallel_gpt_gives_the_whole_logits_numbers():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(port, results), nprocs=TP, join=True)
     for rank in range(TP):

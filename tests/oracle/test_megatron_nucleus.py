@@ -17,7 +17,6 @@ the GPU (torch.cuda.current_device()); the ranks point it at the CPU.
 from __future__ import annotations
 
 import os
-import socket
 import types
 import warnings
 from unittest import mock
@@ -29,6 +28,7 @@ pytest.importorskip("megatron.core")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from megatroncpu import free_port  # noqa: E402
 
 from runtime.backends.torch_train import response_positions  # noqa: E402
 from runtime.core import loss_head, nucleus  # noqa: E402
@@ -134,9 +134,7 @@ def _expected(top_p: float, entropy_coef: float):
 
 @pytest.mark.parametrize("tp, cp", [(2, 1), (2, 2)], ids=["tp2", "tp2-cp2"])
 def test_log_probs_and_entropy_under_tensor_parallel_are_the_whole_vocabularys(tp, cp):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     world = tp * cp
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(world, port, tp, cp, results), nprocs=world, join=True)

@@ -17,13 +17,13 @@ comparison (12 to 28 bytes per token per vocabulary entry).
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from megatroncpu import free_port
 
 from runtime.core import loss_head, nucleus
 from runtime.core.memprobe import peak_bytes, saved_bytes
@@ -192,9 +192,7 @@ def test_tensor_parallel_vocabulary_gives_the_whole_vocabularys_numbers():
     entropies are the whole ones; its gradients of the hidden states are its part (the
     caller sums them over the group, as megatron-core's sequence-parallel gather does), of the
     weight its rows."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     results = mp.Manager().dict()
     mp.spawn(_tp_rank, args=(port, results), nprocs=TP, join=True)
     got = [results[rank] for rank in range(TP)]
