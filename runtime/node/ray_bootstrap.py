@@ -292,12 +292,14 @@ def check_cluster(address: str, nodes: int, gpus_per_node: int) -> str | None:
     least `nodes` nodes of gpus_per_node each, else what it lacks."""
     import ray
 
-    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    with own_signal_handlers():
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
     try:
         per_node = sorted((info.get("Resources", {}).get("GPU", 0.0)
                            for info in ray.nodes() if info.get("Alive")), reverse=True)
     finally:
-        ray.shutdown()
+        with own_signal_handlers():
+            ray.shutdown()
     enough = [g for g in per_node if g >= gpus_per_node]
     if len(enough) >= nodes:
         return None

@@ -209,6 +209,17 @@ def visible_count(name: str, value: str) -> int | None:
     return count
 
 
+def _hiding(environ, need: int):
+    """(name, value, count) of each visible-devices variable in environ that shows fewer than
+    need devices (values vime cannot count are left out)."""
+    for name in VISIBLE_DEVICES:
+        if name in environ:
+            value = str(environ[name])
+            count = visible_count(name, value)
+            if count is not None and count < need:
+                yield name, value, count
+
+
 @rule("V707", "visible-devices-show-the-plans-gpus", enforced_by="ray")
 def visible_devices_show_the_plans_gpus(spec: Spec):
     """[cluster.env] sets a visible-devices variable that hides GPUs the plan needs.
@@ -233,19 +244,14 @@ def visible_devices_show_the_plans_gpus(spec: Spec):
     if spec.train.backend == spec.inference.backend == "torch":
         return
     need = spec.cluster.gpus_per_node
-    for name in VISIBLE_DEVICES:
-        if name not in spec.cluster.env:
-            continue
-        value = str(spec.cluster.env[name])
-        count = visible_count(name, value)
-        if count is not None and count < need:
-            yield Finding(f"cluster.env.{name}",
-                          f"{name} = {value!r} shows {count} of the {need} GPUs per node the "
-                          "plan places: Ray would wait for GPUs that it cannot see",
-                          help=f"remove {name} from [cluster.env] (Slurm sets the job's GPUs), "
-                          f"or cluster.gpus_per_node = {count}" if count else
-                          f"remove {name} from [cluster.env]",
-                          related=("cluster.gpus_per_node",))
+    for name, value, count in _hiding(spec.cluster.env, need):
+        yield Finding(f"cluster.env.{name}",
+                      f"{name} = {value!r} shows {count} of the {need} GPUs per node the "
+                      "plan places: Ray would wait for GPUs that it cannot see",
+                      help=f"remove {name} from [cluster.env] (Slurm sets the job's GPUs), "
+                      f"or cluster.gpus_per_node = {count}" if count else
+                      f"remove {name} from [cluster.env]",
+                      related=("cluster.gpus_per_node",))
 
 
 def hidden_in_local_environment(spec: Spec, environ) -> list[Diagnostic]:
@@ -255,15 +261,12 @@ def hidden_in_local_environment(spec: Spec, environ) -> list[Diagnostic]:
         return []
     need = spec.cluster.nodes * spec.cluster.gpus_per_node
     found = []
-    for name in VISIBLE_DEVICES:
-        value = environ.get(name)
-        count = None if value is None else visible_count(name, value)
-        if count is not None and count < need:
-            found.append(Diagnostic(
-                "error", "V707", ("environment", name),
-                f"{name}={value!r} in the environment of `vime submit --local` shows {count} "
-                f"of the {need} GPUs the plan places on this machine: its Ray would wait for "
-                "GPUs that it cannot see",
-                help=f"unset {name}, or plan for the GPUs it shows (cluster.nodes × "
-                f"cluster.gpus_per_node = {count})" if count else f"unset {name}"))
+    for name, value, count in _hiding(environ, need):
+        found.append(Diagnostic(
+            "error", "V707", ("environment", name),
+            f"{name}={value!r} in the environment of `vime submit --local` shows {count} "
+            f"of the {need} GPUs the plan places on this machine: its Ray would wait for "
+            "GPUs that it cannot see",
+            help=f"unset {name}, or plan for the GPUs it shows (cluster.nodes × "
+            f"cluster.gpus_per_node = {count})" if count else f"unset {name}"))
     return found
