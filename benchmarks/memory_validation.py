@@ -1,6 +1,11 @@
-"""Compare GPU measurements (benchmarks/gpu/megatron_memory.py) with vime's memory plan.
+"""Compare GPU measurements with vime's memory plan.
 
     python benchmarks/memory_validation.py docs/data/h200-megatron-memory-2026-11-29.jsonl
+    python benchmarks/memory_validation.py --grid backend-grid.jsonl
+
+Without --grid the file is benchmarks/gpu/megatron_memory.py's (the plain megatron-core loop);
+with --grid it is benchmarks/gpu/backend_memory_grid.py's (vime's own Megatron backend step,
+issue 18 item 2), whose lines each carry the case's whole definition: see predict_grid.
 
 For each measured case it plans the same spec (Qwen3-30B-A3B layer shapes with the measured
 layer count, one H200, tp = ep = 1, SequentialMLP experts as then, the measured tokens and
@@ -71,6 +76,76 @@ def predict(case: dict) -> dict:
             "terms": {k: v / GiB for k, v in terms.items()}}
 
 
+def grid_sets(case: dict) -> list[str]:
+    """`--set`s on specs/qwen3_30b.toml for one grid case: one H200 of a two-GPU node, the actor
+    alone on it (not colocated: the grid runs no engine), tp = ep = 1, GPU Adam, the case's
+    architecture written out key by key as [model.arch] over the preset of its family (a
+    dense case needs the dense preset: [model.arch] keys override, they cannot remove the MoE
+    preset's num_experts), its tokens and recompute, and the experts the backend chose."""
+    arch = case["arch"]
+    preset = "qwen3-30b-a3b" if arch.get("num_experts") else "qwen3-4b"
+    sets = ["cluster.nodes=1", "cluster.gpus_per_node=2", "cluster.gpu=H200", "train.num_gpus=1",
+            "train.colocate=false", "train.parallel.tp=1", "train.parallel.ep=1",
+            "train.parallel.sequence_parallel=false", "train.optimizer.cpu_offload=false",
+            "train.optimizer.overlap_cpu_optimizer_d2h_h2d=false",
+            "train.optimizer.precision_aware=false", "inference.gpus_per_engine=1",
+            "inference.expert_parallel=false", "train.routing_replay=false",
+            "rollout.batch_size=1", "rollout.n_samples_per_prompt=1", "train.global_batch_size=1",
+            f'model.preset="{preset}"', f"train.max_tokens_per_gpu={case['tokens']}",
+            f'train.recompute="{case["recompute"]}"']
+    sets += [f"model.arch.{key}={json.dumps(value)}" for key, value in sorted(arch.items())]
+    # what the backend printed it built, else what the case asked for
+    if (case.get("result", {}).get("experts_chosen") or case.get("experts")) == "sequential":
+        sets.append(SEQUENTIAL)
+    return sets
+
+
+def predict_grid(case: dict) -> dict:
+    """vime's plan of one backend-grid case: the allocator-visible terms (as predict), the same
+    with fragmentation, and the verdict of V801 (an error: vime says OOM)."""
+    spec_path = ROOT / "specs" / "qwen3_30b.toml"
+    result = pipeline.run(Source(str(spec_path), spec_path.read_text()), grid_sets(case),
+                          spec_path.parent)
+    bad = [(d.code, d.message) for d in result.diagnostics
+           if d.severity == "error" and d.code != "V801"]
+    if bad:
+        raise ValueError(f"{case['name']}: the spec does not plan: {bad}")
+    v801 = [d.severity for d in result.diagnostics if d.code == "V801"]
+    phase = memory_plan(result.spec).train
+    terms = {t.name: t.bytes for t in phase.terms}
+    allocated = sum(v for name, v in terms.items() if name not in NOT_ALLOCATED)
+    return {"allocated": allocated / GiB, "reserved": allocated * (1 + FRAGMENTATION) / GiB,
+            "total": phase.peak / GiB, "gpu": phase.capacity / GiB,
+            "verdict": "OOM" if "error" in v801 else "fits" + (" (tight)" if v801 else ""),
+            "terms": {k: v / GiB for k, v in terms.items()}}
+
+
+def _error(predicted: float, measured: float | None) -> str:
+    return f"{(predicted - measured) / measured:+.1%}" if measured else "–"
+
+
+def main_grid(path: str) -> None:
+    print("| case | tokens | recompute | experts | measured allocated | vime | error "
+          "| measured reserved | vime | error | device used | vime verdict | measured |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for line in Path(path).read_text().splitlines():
+        case = json.loads(line)
+        measured = case.get("result", {})
+        p = predict_grid(case)
+        head = (f"| {case['name']} | {case['tokens']} | {case['recompute']} | "
+                f"{measured.get('experts_chosen') or case.get('experts') or 'dense'} |")
+        if not measured.get("ok"):
+            what = ("OOM" if measured.get("oom") else "timeout" if measured.get("timeout")
+                    else "not run (budget)" if measured.get("skipped") else "error")
+            print(f"{head} – | {p['allocated']:.1f} GiB | – | – | {p['reserved']:.1f} GiB | – "
+                  f"| – | {p['verdict']} | {what} |")
+            continue
+        a, r = measured["peak_allocated_gib"], measured["peak_reserved_gib"]
+        print(f"{head} {a:.1f} GiB | {p['allocated']:.1f} GiB | {_error(p['allocated'], a)} | "
+              f"{r:.1f} GiB | {p['reserved']:.1f} GiB | {_error(p['reserved'], r)} | "
+              f"{measured['device_used_gib']:.1f} GiB | {p['verdict']} | ran |")
+
+
 def main(path: str) -> None:
     print("| layers | recompute | tokens | measured allocated | vime | error | measured reserved "
           "| vime | error | tokens/s |")
@@ -91,4 +166,7 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--grid":
+        main_grid(sys.argv[2])
+    else:
+        main(sys.argv[1])
