@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.megatron.routing import ReplayLayout, local_routes, per_layer, sample_routes
+from runtime.megatron.routing import (
+    ReplayLayout,
+    batch_routes,
+    local_routes,
+    per_layer,
+    sample_routes,
+)
 
 
 def token_routes(length: int, layers: int = 2, topk: int = 2, offset: int = 0) -> np.ndarray:
@@ -62,6 +68,47 @@ def test_every_token_is_routed_by_exactly_one_rank(lengths, tp, cp):
     chunks = [local_routes(samples, lengths, 2, layout, tp_rank=t, cp_rank=c)
               for c in range(cp) for t in range(tp)]
     assert len({len(c) for c in chunks}) == 1  # every rank routes the same number of tokens
+
+
+def test_a_batch_is_seen_position_major():
+    # two samples right-padded to width 4: a router sees (p0 s0), (p0 s1), (p1 s0), ...
+    routes, known = batch_routes([token_routes(3), token_routes(4, offset=100)], [3, 4], 4, 2,
+                                 ReplayLayout())
+    assert list(token_of(routes)) == [0, 100, 1, 101, 1, 102, 1, 102]
+    assert list(known) == [True, True, True, True, False, True, False, False]
+
+
+def test_a_batch_under_context_and_sequence_parallelism():
+    samples = [token_routes(8), token_routes(6, offset=100)]  # width 8: chunks of 2 under cp 2
+    rank1, _ = batch_routes(samples, [8, 6], 8, 2, ReplayLayout(cp=2), cp_rank=1)
+    assert list(token_of(rank1)) == [2, 102, 3, 103, 4, 104, 5, 104]  # chunks 1 and 2
+    tp1, _ = batch_routes(samples, [8, 6], 8, 2, ReplayLayout(tp=2, sequence_parallel=True),
+                          tp_rank=1)
+    assert list(token_of(tp1)) == [4, 104, 5, 104, 6, 104, 6, 104]  # positions 4-7
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(lengths=st.lists(st.integers(2, 40), min_size=1, max_size=5),
+       tp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2, 4]))
+def test_every_routed_token_of_a_batch_is_marked_on_exactly_one_rank(lengths, tp, cp):
+    multiple = tp * (2 * cp if cp > 1 else 1)
+    width = max(lengths) + -max(lengths) % multiple
+    layout = ReplayLayout(tp=tp, cp=cp, sequence_parallel=True)
+    samples = [token_routes(n, offset=100 * i) for i, n in enumerate(lengths)]
+    parts = [batch_routes(samples, lengths, width, 2, layout, tp_rank=t, cp_rank=c)
+             for c in range(cp) for t in range(tp)]
+    assert len({len(routes) for routes, _ in parts}) == 1
+    assert sum(len(routes) for routes, _ in parts) == width * len(lengths)
+    marked = np.concatenate([token_of(routes)[known] for routes, known in parts])
+    want = [100 * i + t for i, n in enumerate(lengths) for t in range(n - 1)]
+    assert sorted(marked.tolist()) == want
+
+
+def test_a_batch_too_narrow_or_unsplittable_is_refused():
+    with pytest.raises(ValueError, match="6-token sample"):
+        batch_routes([token_routes(6)], [6], 4, 2, ReplayLayout())
+    with pytest.raises(ValueError, match="2 × cp"):
+        batch_routes([token_routes(6)], [6], 6, 2, ReplayLayout(cp=2))
 
 
 def test_per_layer_gives_megatrons_replay_tensors():

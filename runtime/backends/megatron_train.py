@@ -56,7 +56,7 @@ from runtime.core.slices import TrainSlice
 from runtime.megatron import shards
 from runtime.megatron.mapping import MegatronView, tensor_to_hf, unfuse_experts
 from runtime.megatron.model import build_gpt, cp_slots, transformer_config
-from runtime.megatron.routing import ReplayLayout, local_routes, per_layer
+from runtime.megatron.routing import ReplayLayout, batch_routes, per_layer
 from vime.resolve.model import arch_from_config
 
 # megatron-core's default optimizer layout (dp_reshardable since 0.14; the older
@@ -184,6 +184,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         # pass (the weights the engine generated with) and reported with the next step
         self._route_counts = torch.zeros(2, dtype=torch.int64, device=self.device)
         self._counting_routes = False
+        self._routed_rows: torch.Tensor | None = None  # which replayed rows vLLM routed
         if self.config.moe_enable_routing_replay:
             self._watch_replayed_routes()
 
@@ -205,8 +206,12 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                     _own, natural = default_compute_topk(scores, topk, num_groups=num_groups,
                                                          group_topk=group_topk)
                     hits = (indices.unsqueeze(-1) == natural.unsqueeze(-2)).any(-1)
+                    rows = backend._routed_rows  # not the copies on last tokens and padding
+                    if rows is None:
+                        rows = torch.ones(hits.shape[0], dtype=torch.bool, device=hits.device)
+                    rows = rows.unsqueeze(-1)
                     backend._route_counts += torch.stack(
-                        [hits.sum(), torch.tensor(hits.numel(), device=hits.device)])
+                        [(hits & rows).sum(), rows.sum() * hits.shape[-1]])
                 return probs, indices
 
             replay.get_replay_topk = counted
@@ -243,11 +248,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
     # --------------------------------------------------------------------------- batching
 
     def _micro_batches(self, batch: TrainBatch) -> list[list[int]]:
-        # replayed routes are laid out per packed sequence: one sample per forward
-        if self.slice.routing_replay and batch.routed_experts is not None:
-            groups = [[i] for i in range(len(batch))]
-        else:
-            groups = super()._micro_batches(batch)
+        groups = super()._micro_batches(batch)
         if self.slice.world_size > 1:
             # the expert all-to-all is collective: every rank runs as many forwards as the
             # busiest one, the extra ones on a masked repeat (PAD) of a sample
@@ -260,18 +261,22 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
         RouterReplay.clear_global_indices()
+        self._routed_rows = None
         if not (self.slice.routing_replay and batch.routed_experts is not None
                 and self.arch.is_moe):
             RouterReplay.clear_global_router_replay_action()
             return
-        (index,) = indices
-        # the sample padded to `width`, then this rank's chunks of it (cp) and its slice (sp)
-        layout = ReplayLayout(tp=self.tp, cp=self.cp, sequence_parallel=self.tp > 1,
-                              pad_multiple=width)
-        routes = local_routes([batch.routed_experts[index]], [len(batch.tokens[index])],
-                              self.arch.num_moe_layers, layout, tp_rank=self.tp_rank,
-                              cp_rank=self.cp_rank)
-        RouterReplay.set_replay_data([torch.from_numpy(a).to(self.device) for a in per_layer(routes)])
+        # the samples padded to `width`, then this rank's chunks of them (cp), its slice (sp)
+        layout = ReplayLayout(tp=self.tp, cp=self.cp, sequence_parallel=self.tp > 1)
+        routes, routed = batch_routes([batch.routed_experts[i] for i in indices],
+                                      [len(batch.tokens[i]) for i in indices], width,
+                                      self.arch.num_moe_layers, layout, tp_rank=self.tp_rank,
+                                      cp_rank=self.cp_rank)
+        if indices == [PAD]:  # a repeat that keeps the collectives in step: not counted
+            routed[:] = False
+        RouterReplay.set_replay_data([self._to_device(torch.from_numpy(a))
+                                      for a in per_layer(routes)])
+        self._routed_rows = self._to_device(torch.from_numpy(routed))
         RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
     def _inputs(self, batch: TrainBatch, indices: list[int]) -> torch.Tensor:

@@ -5,12 +5,16 @@ expert ids, uint8 or uint16; shared/reference/vllm.md §5.6): one row per token 
 so the last token of the sample has none. megatron-core replays routes through
 `RouterReplay.set_replay_data(list of [local_tokens, top_k] tensors, one per MoE layer)`
 (megatron/core/transformer/moe/router_replay.py), where a rank's local tokens are those its
-router sees:
+router sees. Two layouts of the samples:
 
-- samples are packed one after another (THD), each padded to a multiple of `pad_multiple`;
-- context parallelism splits every sample into 2 × cp chunks and gives rank r chunks r and
-  2·cp − 1 − r (load-balanced causal attention);
-- sequence parallelism then splits the rank's tokens into tp contiguous slices.
+- `batch_routes`: the Megatron backend's micro-batches, several samples right-padded to one
+  [n, width] batch, which a router sees position-major (see there);
+- `local_routes`: samples packed one after another (THD), each padded to a multiple of
+  `pad_multiple` (benchmarks/gpu/routing_replay.py).
+
+In both, context parallelism splits every sample into 2 × cp chunks and gives rank r chunks r
+and 2·cp − 1 − r (load-balanced causal attention); sequence parallelism then splits the rank's
+tokens into tp contiguous slices.
 
 The last token of a sample and the padding get a copy of the sample's last known route: their
 outputs never reach the loss (causal attention, masked logits), they only need valid ids.
@@ -29,12 +33,7 @@ class ReplayLayout:
     tp: int = 1
     cp: int = 1
     sequence_parallel: bool = False
-    pad_multiple: int = 1  # each packed sample's length is rounded up to this
-
-    def __post_init__(self):
-        if self.cp > 1 and self.pad_multiple % (2 * self.cp):
-            raise ValueError(f"pad_multiple {self.pad_multiple} must be a multiple of 2 × cp = "
-                             f"{2 * self.cp}")
+    pad_multiple: int = 1  # local_routes: each packed sample's length is rounded up to this
 
 
 def sample_routes(routed: np.ndarray, length: int, moe_layers: int) -> np.ndarray:
@@ -52,13 +51,15 @@ def sample_routes(routed: np.ndarray, length: int, moe_layers: int) -> np.ndarra
 
 
 def _pad(routes: np.ndarray, multiple: int) -> np.ndarray:
-    extra = -len(routes) % multiple
-    return np.concatenate([routes, np.repeat(routes[-1:], extra, axis=0)]) if extra else routes
+    return _pad_to(routes, len(routes) + -len(routes) % multiple)
 
 
 def local_routes(samples: Sequence[np.ndarray], lengths: Sequence[int], moe_layers: int,
                  layout: ReplayLayout, tp_rank: int = 0, cp_rank: int = 0) -> np.ndarray:
     """Routes of the tokens one (tp_rank, cp_rank) router sees: [local_tokens, layers, top_k]."""
+    if layout.cp > 1 and layout.pad_multiple % (2 * layout.cp):
+        raise ValueError(f"pad_multiple {layout.pad_multiple} must be a multiple of 2 × cp = "
+                         f"{2 * layout.cp}")
     pieces = []
     for routed, length in zip(samples, lengths, strict=True):
         routes = _pad(sample_routes(routed, length, moe_layers), layout.pad_multiple)
@@ -73,6 +74,47 @@ def local_routes(samples: Sequence[np.ndarray], lengths: Sequence[int], moe_laye
                              "pad samples to a multiple of tp")
         packed = np.split(packed, layout.tp)[tp_rank]
     return packed
+
+
+def batch_routes(samples: Sequence[np.ndarray], lengths: Sequence[int], width: int,
+                 moe_layers: int, layout: ReplayLayout, tp_rank: int = 0,
+                 cp_rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Routes of the tokens one (tp_rank, cp_rank) router sees when the samples go forward
+    together, right-padded to one [n, width] batch (the Megatron backend's micro-batches):
+    ([local_tokens, layers, top_k], a [local_tokens] mask of the rows vLLM routed).
+
+    megatron-core's layers hold the batch as [s, b, h] and a router flattens it position-major
+    (router.py: `logits.view(-1, experts)`), so the token at position p of sample i is row
+    p·n + i. Context parallelism gives rank r chunks r and 2·cp − 1 − r of the positions of
+    every sample; sequence parallelism then splits the rank's positions into tp contiguous
+    slices. The rows the mask leaves out (each sample's last token, the padding) carry a copy
+    of the sample's last route and never reach the loss."""
+    routes, known = [], []
+    for routed, length in zip(samples, lengths, strict=True):
+        if length > width:
+            raise ValueError(f"a {length}-token sample in a batch {width} tokens wide")
+        padded = _pad_to(sample_routes(routed, length, moe_layers), width)
+        routes.append(padded)
+        known.append(np.arange(width) < routed.shape[0])
+    routes, known = np.stack(routes, axis=1), np.stack(known, axis=1)  # [width, n, ...]
+    if layout.cp > 1:
+        if width % (2 * layout.cp):
+            raise ValueError(f"a batch {width} tokens wide does not split into 2 × cp = "
+                             f"{2 * layout.cp} chunks")
+        slots = [cp_rank, 2 * layout.cp - 1 - cp_rank]
+        routes = np.concatenate([np.split(routes, 2 * layout.cp)[i] for i in slots])
+        known = np.concatenate([np.split(known, 2 * layout.cp)[i] for i in slots])
+    if layout.sequence_parallel and layout.tp > 1:
+        if len(routes) % layout.tp:
+            raise ValueError(f"{len(routes)} positions per rank do not split over tp = "
+                             f"{layout.tp}; pad the batch to a multiple of tp")
+        routes, known = np.split(routes, layout.tp)[tp_rank], np.split(known, layout.tp)[tp_rank]
+    return routes.reshape(-1, *routes.shape[2:]), known.reshape(-1)
+
+
+def _pad_to(routes: np.ndarray, width: int) -> np.ndarray:
+    extra = width - len(routes)
+    return np.concatenate([routes, np.repeat(routes[-1:], extra, axis=0)]) if extra else routes
 
 
 def per_layer(routes: np.ndarray) -> list[np.ndarray]:

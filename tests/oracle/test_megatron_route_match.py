@@ -28,6 +28,7 @@ def test_replayed_routes_are_counted_against_the_routers_own_choice():
     backend = object.__new__(MegatronTrainingBackend)  # only the counter, no model
     backend._route_counts = torch.zeros(2, dtype=torch.int64)
     backend._counting_routes = False
+    backend._routed_rows = None
     backend._watch_replayed_routes()
     torch.manual_seed(0)
     scores = torch.randn(6, 8)
@@ -48,4 +49,12 @@ def test_replayed_routes_are_counted_against_the_routers_own_choice():
     RouterReplay.set_global_router_replay_action(RouterReplayAction.RECORD)
     layers[0].get_replay_topk(scores, 2, None, None, _topk)
     assert backend._route_counts.tolist() == [23, 24]
+    # rows vLLM did not route (a sample's last token, a batch's padding) are not counted
+    backend._route_counts.zero_()
+    backend._routed_rows = torch.tensor([False, True, True, True, False, False])
+    RouterReplay.set_replay_data([replayed, own])
+    RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+    for layer in layers:
+        layer.get_replay_topk(scores, 2, None, None, _topk)
+    assert backend._route_counts.tolist() == [12, 12]  # row 0's differing expert left out
     RouterReplay.clear_global_router_replay_instances()
