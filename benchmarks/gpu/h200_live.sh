@@ -10,6 +10,11 @@
 #                                              # (SHAPE=tiny SEQS=8 TOKENS=16: a dry run first)
 #   bash benchmarks/gpu/h200_live.sh mp        # the engine core in its own process: where it
 #                                              # waits (stacks of every process every 30 s)
+#   bash benchmarks/gpu/h200_live.sh grid      # issue 18: the memory grid of the backend's step
+#   bash benchmarks/gpu/h200_live.sh grouped   # issue 19: grouped vs sequential experts, then
+#                                              # the backend vs the plain loop in 10 rounds
+#   bash benchmarks/gpu/h200_live.sh startup   # issue 18: a Qwen3-30B-A3B-shaped engine's start-up
+#                                              # log (weights, activations, graphs, KV cache)
 #
 # What the machine lacks travels as carried files (device README): vLLM 0.26.0 in the seven
 # parts of ../shared/gpu/vllm-bundle.sh (.gpu/vllm/pNN), Ray's wheel in two parts
@@ -42,7 +47,7 @@ grpo() {  # NAME SPEC [--set ...]: one run of the loop, its summary line printed
   echo "$name: exit $rc"
 }
 
-step=${1:?install, grpo, fallback, sync, rollout or mp}
+step=${1:?install, grpo, fallback, sync, rollout, mp, grid, grouped or startup}
 setup || { echo "setup failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case $step in
@@ -90,5 +95,34 @@ case $step in
       echo "mp $method: exit $?"; grep RESULT "$out/mp-$method.log" || tail -3 "$out/mp-$method.log"
       pkill -9 -f "EngineCore|rollout_bench" 2>/dev/null; sleep 2  # the engine core outlives a timeout
     done ;;
+  grid)
+    timeout -k 5 560 python3 benchmarks/gpu/backend_memory_grid.py --out "$out/backend-grid.jsonl" \
+      --budget-s "${BUDGET:-420}" 2>&1 | tail -20 ;;
+  grouped)
+    timeout -k 5 "${LIMIT:-420}" python3 benchmarks/gpu/grouped_experts_bench.py --out "$out/grouped.json" \
+      --alternations "${ALTERNATIONS:-1}" > "$out/grouped.log" 2>&1
+    echo "grouped: exit $?"
+    python3 - "$out/grouped.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for c in r.get("experts", {}).get("cases", []):
+    print("experts", c["local_experts"], "seq", round(c["sequential"]["median_s"], 4), "grouped",
+          round(c["grouped"]["median_s"], 4), "x", round(c["speedup"], 1), "TFLOP/s",
+          round(c["grouped"]["tflops"]), "gaps", c["gaps"], c["gaps_within_bf16"])
+step = r.get("step", {})
+print("step", step.get("tokens_per_s"), step.get("speedup"))
+for run in step.get("runs", []):
+    print(" ", {k: run.get(k) for k in ("experts", "modules", "median_step_s", "gpu_busy_share",
+                                        "expert_gemm_tflops_in_step", "error")})
+PY
+    timeout -k 5 150 python3 benchmarks/gpu/megatron_backend_speed.py --layers 4 --tokens 16384 \
+      --rounds 10 --repeats 3 --out "$out/backend-speed.json" > "$out/backend-speed.log" 2>&1
+    echo "backend vs plain: exit $?"; grep -E '"ratio|tokens_per_s|Error' "$out/backend-speed.log" | head ;;
+  startup)
+    timeout -k 5 300 python3 benchmarks/gpu/rollout_bench.py --mode vime \
+      --out "$out/startup.json" --seqs 512 --tokens 16 --shape qwen3-30b-a3b > "$out/startup.log" 2>&1
+    echo "startup: exit $?"
+    grep -E "Model loading took|KV cache|CUDA graph|Graph capturing|memory profiling|torch.compile|Maximum concurrency|RESULT" \
+      "$out/startup.log" | cut -c1-300 | head -30 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
