@@ -6,12 +6,38 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vime import pipeline
+from vime import pipeline, schema
 from vime.parse import Source
 from vime.resolve.model import PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.toml"))
+
+
+def largest(path: str) -> int:
+    """The schema's maximum of an integer key."""
+    return schema.node(tuple(path.split(".")))["maximum"]
+
+
+# --set arguments of specs/qwen3_30b.toml at the schema's maxima that check accepts (issue 17):
+# the largest cluster (4096 nodes × 64 GPUs) with the seed's layout (32,768 engines of 8 GPUs),
+# and with every parallel size 1 and one-GPU engines (the most ranks per group kind, groups and
+# engines: 262,144 each), with the largest admitted counts elsewhere
+_CLUSTER = [f"cluster.nodes={largest('cluster.nodes')}",
+            f"cluster.gpus_per_node={largest('cluster.gpus_per_node')}",
+            f"rollout.num_rollout={largest('rollout.num_rollout')}",
+            f"checkpoint.save_interval={largest('checkpoint.save_interval')}",
+            f"experiment.seed={largest('experiment.seed')}",
+            f"cluster.host_memory_gib={largest('cluster.host_memory_gib')}",
+            f"inference.eplb.window_size={largest('inference.eplb.window_size')}"]
+LARGEST = {
+    "seed-layout": _CLUSTER + ["rollout.batch_size=32768", "train.global_batch_size=65536"],
+    "one-gpu-engines": _CLUSTER + [
+        f"cluster.gpu_memory_gib={largest('cluster.gpu_memory_gib')}",
+        "rollout.batch_size=131072", "train.global_batch_size=262144", "train.parallel.tp=1",
+        "train.parallel.ep=1", "train.parallel.sequence_parallel=false",
+        "inference.gpus_per_engine=1", "inference.expert_parallel=false"],
+}
 
 
 def run_text(text: str, sets=(), name: str = "spec.toml", spec_dir: Path = ROOT / "specs",

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,36 @@ def test_console_script_runs():
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ok"] is True
+
+
+def _plan_lines(capsys, *sets: str) -> list[str]:
+    assert main(["plan", SPEC, *(arg for item in sets for arg in ("--set", item))]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_plan_text_summarises_beyond_16_nodes_and_engines(capsys):
+    # 16 nodes and 16 engines are all shown; a 17th leaves out all but the first and the last
+    # (issue 17: the largest cluster printed 23-43 MB); an engine on 9 nodes names a range
+    batch = ["rollout.batch_size=64", "train.global_batch_size=128"]
+    sixteen = _plan_lines(capsys, "cluster.nodes=16", *batch)
+    assert [line for line in sixteen if line.startswith("node ")] == [
+        f"node {n}" for n in range(16)]
+    assert sum(line.startswith("  e") and ": TP 8 × DP 1" in line for line in sixteen) == 16
+    assert not any("not shown" in line for line in sixteen)
+    seventeen = _plan_lines(capsys, "cluster.nodes=17", "rollout.batch_size=68",
+                            "train.global_batch_size=136")
+    assert [line for line in seventeen if line.startswith(("node ", "… "))] == [
+        "node 0", "node 1",
+        "… nodes 2–15 not shown (14 nodes; `vime plan --json` lists every GPU)", "node 16"]
+    engines = [line for line in seventeen if re.match(r"  (… )?e\d", line)]
+    assert [line.split(":")[0] for line in engines] == [
+        "  e0", "  e1", "  e2", "  e3", "  e4", "  e5",
+        "  … e6–e15 not shown (10 engines like these, on nodes 6–15)", "  e16"]
+    eight = _plan_lines(capsys, "cluster.nodes=16", *batch, "inference.gpus_per_engine=64",
+                        "inference.data_parallel_size=8")
+    assert any(", nodes 8,9,10,11,12,13,14,15; " in line for line in eight)
+    nine = _plan_lines(capsys, "cluster.nodes=18", "rollout.batch_size=72",
+                       "train.global_batch_size=144", "inference.gpus_per_engine=72",
+                       "inference.data_parallel_size=9", "inference.eplb.enabled=true",
+                       "inference.eplb.num_redundant_experts=16")
+    assert any(line.startswith("  e1: ") and ", nodes 9–17; " in line for line in nine)

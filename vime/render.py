@@ -3,8 +3,6 @@ JSON lives in vime.emit.plan_json; all three read the same Diagnostic model."""
 
 from __future__ import annotations
 
-from itertools import chain, repeat
-
 from vime.diagnostics import Diagnostic
 from vime.plan import Plan
 from vime.plan.evidence import KINDS, LEGEND, MARKS
@@ -57,58 +55,91 @@ def _groups_line(name: str, flat: list[int], size: int, limit: int = 6) -> str:
     return text if len(text) <= WIDTH else text[: WIDTH - 1] + "…"
 
 
-def _cluster_picture(plan: Plan, numbers: list[str]) -> list[str]:
-    """A block of rows per node (more when its GPUs do not fit in one): the GPU, then the actor
-    rank, its coordinates and the engine on each GPU. Each row is made for every GPU of the
-    cluster at once, without a Python step per GPU (issue 17: 262,144 GPUs); `numbers` holds
-    str(i) of every i below the cluster's GPU count."""
-    spec, engines = plan.spec, plan.engines
-    gpn, nodes = spec.cluster.gpus_per_node, spec.cluster.nodes
-    total, actor = nodes * gpn, len(plan.ranks)
+# A plan of many nodes or engines prints the first few and the last one and says which it left
+# out, as numpy prints a long array (issue 17: 4,096 nodes × 64 GPUs printed 23-43 MB, a line
+# per engine and a block per node); `vime plan --json` lists every one. Up to SHOWN_IN_FULL
+# of each, and an engine's nodes up to NODES_LISTED, the text is what it always was.
+SHOWN_IN_FULL = 16
+NODES_SHOWN = 2  # first nodes shown beyond SHOWN_IN_FULL, then the last
+ENGINES_SHOWN = 6  # first engines shown beyond SHOWN_IN_FULL (as many as groups), then the last
+NODES_LISTED = 8  # an engine on more nodes names them as a range: "nodes 0–15"
+
+
+def _shown(count: int, first: int) -> list[int]:
+    """The items of `count` the text prints: all of them, or the first ones and the last."""
+    return list(range(count)) if count <= SHOWN_IN_FULL else [*range(first), count - 1]
+
+
+def _nodes(first: int, last: int) -> str:
+    """Nodes first to last as a range: "node 3", "nodes 0–4095"."""
+    return f"node {first}" if first == last else f"nodes {first}–{last}"
+
+
+def _cluster_picture(plan: Plan) -> list[str]:
+    """A block of rows per node shown (more when its GPUs do not fit in one): the GPU, then
+    the actor rank, its coordinates and the engine on each GPU."""
+    spec, engines, layout = plan.spec, plan.engines, plan.layout
+    gpn, nodes = spec.cluster.gpus_per_node, _shown(spec.cluster.nodes, NODES_SHOWN)
+    actor = len(plan.ranks)
     label = 9
     per_row = max(1, min(gpn, (WIDTH - label) // 7))
     cell = max(5, min(9, (WIDTH - label) // per_row))
-    blank = ["·".ljust(cell)]
-    padded = list(map(str.ljust, numbers, repeat(cell)))  # each rank, coordinate, ... < total
-    columns = plan.ranks.columns()
-    rows = {"": [f"gpu{gpu}".ljust(cell) for gpu in range(gpn)] * nodes,
-            "rank": padded[:actor] + blank * (total - actor)}
+    gpus = [node * gpn + gpu for node in nodes for gpu in range(gpn)]
+    coords = [layout.coordinates(g) if g < actor else None for g in gpus]
+
+    def cells(values) -> list[str]:  # · where the GPU has no rank or no engine
+        return [("·" if value is None else str(value)).ljust(cell) for value in values]
+
+    rows = {"": [f"gpu{gpu}".ljust(cell) for gpu in range(gpn)] * len(nodes),
+            "rank": cells(g if g < actor else None for g in gpus)}
     for axis in ("tp", "cp", "dp", "pp", "ep", "etp", "edp"):
-        rows[axis] = list(map(padded.__getitem__, columns[axis])) + blank * (total - actor)
+        rows[axis] = cells(None if c is None else c[axis] for c in coords)
     used = engines.start + len(engines) * engines.size
-    names = map(str.ljust, map("e".__add__, numbers[:len(engines)]), repeat(cell))
-    rows["engine"] = (blank * engines.start
-                      + list(chain.from_iterable(map(repeat, names, repeat(engines.size))))
-                      + blank * (total - used))
+    rows["engine"] = cells(f"e{(g - engines.start) // engines.size}"
+                           if engines.start <= g < used else None for g in gpus)
     # the last cell of a line unpadded (as the lines' rstrip did)
     starts = range(0, gpn, per_row)
     for end in (min(first + per_row, gpn) - 1 for first in starts):
-        for cells in rows.values():
-            cells[end::gpn] = list(map(str.rstrip, cells[end::gpn]))
-    blocks = [slice(node * gpn + first, node * gpn + min(first + per_row, gpn))
-              for node in range(nodes) for first in starts]
-    heads = [f"node {node}" + ("" if first == 0 else " (cont.)")
-             for node in range(nodes) for first in starts]
-    lines = [map(f"  {name:<{label - 2}}".__add__, map("".join, map(cells.__getitem__, blocks)))
-             for name, cells in rows.items()]
-    return list(chain.from_iterable(zip(heads, *lines, strict=True)))
+        for row in rows.values():
+            row[end::gpn] = list(map(str.rstrip, row[end::gpn]))
+    lines = []
+    for shown, node in enumerate(nodes):
+        if shown and node != nodes[shown - 1] + 1:
+            lines.append(f"… {_nodes(nodes[shown - 1] + 1, node - 1)} not shown "
+                         f"({plural(node - 1 - nodes[shown - 1], 'node')}; "
+                         "`vime plan --json` lists every GPU)")
+        for first in starts:
+            lines.append(f"node {node}" + ("" if first == 0 else " (cont.)"))
+            block = slice(shown * gpn + first, shown * gpn + min(first + per_row, gpn))
+            lines += [f"  {name:<{label - 2}}" + "".join(row[block]) for name, row in rows.items()]
+    return lines
 
 
-def _engine_lines(plan: Plan, numbers: list[str]) -> list[str]:
-    """A line per engine, made for all engines at once (issue 17: there can be 262,144): they
-    differ only in their index and nodes."""
+def _engine_lines(plan: Plan) -> list[str]:
+    """A line per engine shown: they differ only in their index and nodes."""
     e = plan.engines
     experts = (f"{e.physical_experts} physical experts ({e.redundant_experts} redundant), "
                f"{e.experts_per_gpu} per GPU" if e.physical_experts else "dense")
-    firsts, lasts = e.node_ends()
-    if firsts == lasts:
-        where = map("node ".__add__, map(numbers.__getitem__, firsts))
-    else:
-        where = [("node " if first == last else "nodes ") + ",".join(numbers[first:last + 1])
-                 for first, last in zip(firsts, lasts, strict=True)]
-    return list(map("".join, zip(repeat("  e"), numbers[:len(e)],
-                                 repeat(f": TP {e.tp} × DP {e.dp}, EP {e.ep}, "), where,
-                                 repeat(f"; {experts}"))))
+    gpn = e.gpus_per_node
+
+    def nodes_of(index: int) -> tuple[int, int]:  # an engine's GPUs are consecutive
+        first = e.start + index * e.size
+        return first // gpn, (first + e.size - 1) // gpn
+
+    lines, shown = [], _shown(len(e), ENGINES_SHOWN)
+    for at, index in enumerate(shown):
+        if at and index != shown[at - 1] + 1:
+            left_out = range(shown[at - 1] + 1, index)
+            lines.append(f"  … e{left_out[0]}–e{left_out[-1]} not shown "
+                         f"({plural(len(left_out), 'engine')} like these, on "
+                         f"{_nodes(nodes_of(left_out[0])[0], nodes_of(left_out[-1])[1])})")
+        first, last = nodes_of(index)
+        if first == last or last - first >= NODES_LISTED:
+            where = _nodes(first, last)
+        else:
+            where = "nodes " + ",".join(map(str, range(first, last + 1)))
+        lines.append(f"  e{index}: TP {e.tp} × DP {e.dp}, EP {e.ep}, {where}; {experts}")
+    return lines
 
 
 PLANNING_ONLY = ("PLANNING ONLY: vime's runtime cannot run this model (V102 below); the layout, "
@@ -128,10 +159,13 @@ def plan_text(plan: Plan) -> str:
         mem = f", {d.gpu_memory_gib:g} GiB each" if d.gpu_memory_gib else ""
         cards = (f"{spec.cluster.gpus_per_node} {spec.cluster.gpu} = "
                  f"{plural(d.world_size, 'GPU')}{mem}")
-    out.append(f"cluster   {plural(spec.cluster.nodes, 'node')} × {cards}; "
-               + ("colocated: actor and rollout share every GPU" if spec.train.colocate else
-                  f"actor on {plural(spec.train.num_gpus, 'GPU')}, rollout on "
-                  f"{spec.inference.num_gpus}"))
+    cluster = f"cluster   {plural(spec.cluster.nodes, 'node')} × {cards};"
+    sharing = ("colocated: actor and rollout share every GPU" if spec.train.colocate else
+               f"actor on {plural(spec.train.num_gpus, 'GPU')}, rollout on "
+               f"{spec.inference.num_gpus}")
+    # a cluster of thousands of nodes puts the second half on a line of its own
+    out += ([f"{cluster} {sharing}"] if len(cluster) + 1 + len(sharing) <= WIDTH
+            else [cluster, f"          {sharing}"])
     if torch_only:
         out.append("          torch backends: each rank and engine takes a CUDA device where there "
                    "is one, else the CPU")
@@ -147,8 +181,7 @@ def plan_text(plan: Plan) -> str:
             else [sizes, f"          {origin}"])
     engine = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
     out += ["", f"GPUs (Megatron coordinates of the actor rank; e = {engine} engine)"]
-    numbers = list(map(str, range(d.world_size)))  # for the picture and the engine lines
-    out += _cluster_picture(plan, numbers)
+    out += _cluster_picture(plan)
     why_dp = f"{spec.train.num_gpus} ÷ (tp {layout.tp} × cp {layout.cp} × pp {layout.pp})"
     why_edp = f"{spec.train.num_gpus} ÷ (etp {layout.etp} × ep {layout.ep} × pp {layout.pp})"
     sp = " + sp" if spec.train.parallel.sequence_parallel else ""
@@ -160,7 +193,7 @@ def plan_text(plan: Plan) -> str:
     rollout = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
     out += ["", f"{rollout} rollout: {plural(len(plan.engines), 'engine')} of "
             f"{plural(spec.inference.gpus_per_engine, 'GPU')}"]
-    out += _engine_lines(plan, numbers)
+    out += _engine_lines(plan)
     out += ["", "batch"]
     out.append(f"  {plural(batch.rollout_batch_size, 'prompt')} × "
                f"{plural(batch.n_samples_per_prompt, 'sample')} = "
