@@ -39,8 +39,9 @@ $(VENV)/.installed: pyproject.toml
 	  python=$$(sh -c "$$FIND_PYTHON") && echo "using $$python" && \
 	  "$$python" -m venv $(VENV) && \
 	  $(PY) -m pip install -q --upgrade pip && \
-	  { [ -n "$$quiet" ] || echo "installing vime, torch, transformers, ray and the test tools" \
-	      "into $(VENV) (6.1 GB; measured: 4 to 5 minutes with a cold pip cache)"; } && \
+	  { [ -n "$$quiet" ] || echo "installing vime, torch, transformers, ray, megatron-core" \
+	      "(Python >= 3.12) and the test tools into $(VENV) (6.1 GB; measured: 4 to 5 minutes" \
+	      "with a cold pip cache)"; } && \
 	  $(PY) -m pip install $$quiet -e '.[test]'
 	@touch $@
 
@@ -57,15 +58,21 @@ plan: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check vime tests benchmarks runtime
 
+# pyproject.toml's addopts (-q) print a dot per test and nothing else, for the 25 minutes of
+# the main suite (issue 17). `make test` and CI show a line per test file as it starts, ending
+# with the count of tests done so far ("tests/test_cli.py ....  [ 112/778]"; about 70 lines in
+# all), and at the end the reason of every skip (-rs). Targeted runs keep addopts' dots.
+PYTEST_PROGRESS := --verbosity=0 -o console_output_style=count -rs
+
 # the main suite, then the live engine tests in their own venv (VIME_REQUIRE_VLLM: there a vLLM
 # that does not import fails them instead of skipping)
 test: lint $(VLLM_VENV)/.installed
-	@echo "the main suite: about 25 minutes on the 2-core development machine, a dot per test"
-	$(PY) -m pytest -rs --ignore=tests/live
+	@echo "the main suite: about 25 minutes on the 2-core development machine, a line per test file"
+	$(PY) -m pytest $(PYTEST_PROGRESS) --ignore=tests/live
 	$(MAKE) test-live
 
 test-live: $(VLLM_VENV)/.installed
-	VIME_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest tests/live
+	VIME_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest $(PYTEST_PROGRESS) tests/live
 
 docs: $(VENV)/.installed
 	$(PY) -m vime.check.catalog > docs/rules.md
