@@ -63,8 +63,11 @@ def test_loss_head_by_hand():
     tokens, local = 20480, 152064 // 4
     rows = 2**26 // local
     assert rows == 1765
-    assert terms["logits"].bytes == rows * local * 8 + 6 * local * 2048 + tokens * (6 * 2048 + 64)
-    assert terms["logits"].bytes / GiB == pytest.approx(1.18, abs=0.01)
+    # without top-p the backward goes by vocabulary columns: a bf16 weight gradient, and the
+    # hidden states' gradient summed in fp32 (6 more bytes per hidden entry)
+    assert terms["logits"].bytes == (rows * local * 8 + 2 * local * 2048
+                                     + tokens * ((6 + 6) * 2048 + 64))
+    assert terms["logits"].bytes / GiB == pytest.approx(1.11, abs=0.01)
     assert tokens * local * 16 / GiB == pytest.approx(11.6, abs=0.05)  # the term before
     assert terms["logits"].note.startswith("chunk 1765 × vocab 152064 ÷ tp 4 × 8 B")
     # with top-p the chunk spans the whole vocabulary (the nucleus's cut needs every logit)
@@ -86,6 +89,8 @@ def test_loss_head_constants_are_the_runtimes():
     assert (memory.LOSS_HEAD_CHUNK_BYTES, memory.LOSS_HEAD_NUCLEUS_CHUNK_BYTES) == (
         loss_head.CHUNK_BYTES_PER_ENTRY, loss_head.NUCLEUS_CHUNK_BYTES_PER_ENTRY)
     assert memory.LOSS_HEAD_WEIGHT_GRAD_BYTES == loss_head.WEIGHT_GRAD_BYTES
+    assert memory.LOSS_HEAD_PLAIN_WEIGHT_GRAD_BYTES == loss_head.PLAIN_WEIGHT_GRAD_BYTES
+    assert memory.LOSS_HEAD_PLAIN_HIDDEN_GRAD_BYTES == loss_head.PLAIN_HIDDEN_GRAD_BYTES
     assert loss_head.chunk_rows(152064 // 4) == 2**26 // (152064 // 4)
 
 def test_kv_cache_tokens_by_hand():

@@ -29,10 +29,21 @@ its backward keeps its own columns (recomputed by the same matmul, so the compar
 cut see the same values). The hidden states' gradient is then this rank's part, the caller
 sums it over the group (megatron-core's sequence-parallel gather does, in its backward).
 
+The backward without top-p goes over the vocabulary a chunk of columns at a time instead (as
+many logits per chunk as the forward's chunks of rows): each chunk's rows of the weight's
+gradient are one matmul over every token, written once in the weight's dtype, and the hidden
+states' gradient is summed over the chunks in fp32. Chunking by tokens there summed the
+weight's whole fp32 gradient once per chunk of tokens: at 16k tokens and Qwen3's vocabulary,
+38 passes over 1.2 GB, most of the loss head's time on an H200 (docs/gpu-runs.md). With top-p
+the cut needs whole rows: the backward stays by tokens.
+
 Memory: per token, the saved hidden states and their gradient (2 + 2 bytes per hidden entry in
-bf16) and a few fp32 numbers; per chunk, its [rows, vocab / tp] (with top-p [rows, vocab])
-temporaries, CHUNK_BYTES_PER_ENTRY (NUCLEUS_CHUNK_BYTES_PER_ENTRY) each; while the backward
-runs, the weight's gradient summed over chunks in fp32, WEIGHT_GRAD_BYTES per weight entry.
+bf16) and a few fp32 numbers, and without top-p the fp32 sum of the hidden states' gradient and
+a chunk's bf16 share of it (PLAIN_HIDDEN_GRAD_BYTES per hidden entry); per chunk, its
+[rows, vocab / tp] (with top-p [rows, vocab]) temporaries, CHUNK_BYTES_PER_ENTRY
+(NUCLEUS_CHUNK_BYTES_PER_ENTRY) each; while the backward runs, the weight's gradient:
+PLAIN_WEIGHT_GRAD_BYTES per weight entry without top-p, WEIGHT_GRAD_BYTES with it (summed over
+the chunks of tokens in fp32).
 vime/plan/memory.py charges these (tests/test_memory.py keeps its copies of the constants equal);
 tests/runtime/test_loss_head.py measures them on the CPU, against the whole-vocabulary
 log-softmax the backends computed before (12 bytes per token per vocabulary entry there, 14.9
@@ -57,9 +68,14 @@ NUCLEUS_CHUNK_ENTRIES = 2**24
 # segmented sort also holds double buffers of its keys and int64 indices (12 more), not measured.
 CHUNK_BYTES_PER_ENTRY = 8
 NUCLEUS_CHUNK_BYTES_PER_ENTRY = 34
-# while the backward runs, per output-weight entry: the fp32 sum of its gradient over chunks and
-# the bf16 chunk product added to it (or the bf16 copy given back)
+# while the backward runs, per output-weight entry: with top-p, the fp32 sum of its gradient over
+# chunks of tokens and the bf16 chunk product added to it (or the bf16 copy given back); without,
+# the gradient itself in bf16, written a chunk of rows at a time
 WEIGHT_GRAD_BYTES = 6
+PLAIN_WEIGHT_GRAD_BYTES = 2
+# without top-p, per token per hidden entry: the fp32 sum of the hidden states' gradient over the
+# chunks of the vocabulary and the bf16 share of one chunk added to it
+PLAIN_HIDDEN_GRAD_BYTES = 6
 
 
 def chunk_rows(width: int, cut: bool = False) -> int:
@@ -184,6 +200,9 @@ class _LossHead(torch.autograd.Function):
         part = weight.shape[0]
         local = targets - first
         inside = (local >= 0) & (local < part)
+        if not cut:
+            return _by_columns(ctx, hidden, weight, local, inside, log_total, entropies,
+                               grad_log_probs, grad_entropy)
         local = local.clamp(0, part - 1).unsqueeze(-1)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = None
@@ -236,3 +255,42 @@ class _LossHead(torch.autograd.Function):
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None, None
+
+
+def _by_columns(ctx, hidden, weight, local, inside, log_total, entropies, g, g_entropy):
+    """_LossHead's backward without top-p, a chunk of vocabulary columns at a time (the
+    module docstring): d log-prob / dx = onehot(t) - p, d entropy / dx = -p (log p + H)."""
+    temperature, _cut, _want_entropy, _group, rows, _first = ctx.options
+    n, part = hidden.shape[0], weight.shape[0]
+    columns = max(1, min(part, rows * part // max(n, 1)))  # the forward's logits per chunk
+    total = None
+    if ctx.needs_input_grad[0]:
+        total = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    grad_weight = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+    for start in range(0, part, columns):
+        end = min(start + columns, part)
+        piece = weight[start:end]
+        log_p = _scaled_logits(hidden, piece, temperature).sub_(log_total[:, None])
+        if g_entropy is not None:  # p (g_H (log p + H) + g)
+            grad = log_p.exp()  # p
+            coefficient = log_p.add_(entropies[:, None]).mul_(g_entropy[:, None])
+            grad.mul_(coefficient.add_(g[:, None]) if g is not None else coefficient)
+            del coefficient
+        else:
+            grad = log_p.exp_().mul_(g[:, None])
+        del log_p
+        grad.neg_()
+        if g is not None:  # the targets in these columns
+            here = inside & (local >= start) & (local < end)
+            grad.scatter_add_(-1, (local - start).clamp(0, end - start - 1).unsqueeze(-1),
+                              (g * here).unsqueeze(-1))
+        if temperature != 1.0:
+            grad.div_(temperature)
+        grad = grad.to(weight.dtype)
+        if total is not None:
+            total.add_(grad @ piece)
+        if grad_weight is not None:
+            torch.mm(grad.t(), hidden, out=grad_weight[start:end])
+        del grad
+    grad_hidden = total.to(hidden.dtype) if total is not None else None
+    return grad_hidden, grad_weight, None, None, None, None, None, None

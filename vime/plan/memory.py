@@ -343,16 +343,22 @@ def actor_outside_torch(spec: Spec) -> tuple[float, Basis]:
 #   and the picked responses' copy, bf16 (3 × 2 bytes per hidden entry), and a few fp32 numbers;
 # - one chunk's temporaries: chunk_rows tokens × vocab ÷ tp (× vocab with top-p, whose cut needs
 #   the whole row) × the bytes per entry below;
-# - during the backward, the output weight's gradient summed over chunks in fp32 and the bf16
-#   chunk product added to it, per entry of this rank's [vocab ÷ tp, hidden] weight.
+# - during the backward, per entry of this rank's [vocab ÷ tp, hidden] weight: its gradient in
+#   bf16 (the backward goes over the vocabulary a chunk of columns at a time), or with top-p
+#   (whose backward goes by tokens) that gradient summed over chunks in fp32 and the bf16 chunk
+#   product added to it; and without top-p, per token per hidden entry, the hidden states'
+#   gradient summed over the columns' chunks in fp32 and one chunk's bf16 share.
 # The constants are the runtime's (tests/test_memory.py keeps them equal), its chunk
-# temporaries measured on the CPU (tests/runtime/test_loss_head.py); not yet on a GPU.
+# temporaries measured on the CPU (tests/runtime/test_loss_head.py); the whole step on an H200
+# (docs/memory-validation.md's grid, before the backward went by columns).
 LOSS_HEAD_CHUNK_ENTRIES = 2**26
 LOSS_HEAD_NUCLEUS_CHUNK_ENTRIES = 2**24
 LOSS_HEAD_CHUNK_BYTES = 8
 LOSS_HEAD_NUCLEUS_CHUNK_BYTES = 34
-LOSS_HEAD_WEIGHT_GRAD_BYTES = 6
+LOSS_HEAD_WEIGHT_GRAD_BYTES = 6  # with top-p
+LOSS_HEAD_PLAIN_WEIGHT_GRAD_BYTES = 2  # without
 LOSS_HEAD_HIDDEN_BYTES = 6  # per token per hidden entry
+LOSS_HEAD_PLAIN_HIDDEN_GRAD_BYTES = 6  # per token per hidden entry, without top-p
 LOSS_HEAD_TOKEN_BYTES = 64  # per token: fp32 log-prob, entropy, normalisers, int64 target ...
 
 
@@ -367,8 +373,10 @@ def loss_head(spec: Spec, tokens: int) -> tuple[float, float, str]:
                                  (local, LOSS_HEAD_CHUNK_ENTRIES, LOSS_HEAD_CHUNK_BYTES))
     rows = min(max(1, entries // width), tokens)  # tokens per chunk
     chunk = rows * width * per_entry
-    weight_grad = LOSS_HEAD_WEIGHT_GRAD_BYTES * local * arch.hidden_size
-    per_token = LOSS_HEAD_HIDDEN_BYTES * arch.hidden_size + LOSS_HEAD_TOKEN_BYTES
+    weight_grad = (LOSS_HEAD_WEIGHT_GRAD_BYTES if cut else LOSS_HEAD_PLAIN_WEIGHT_GRAD_BYTES) \
+        * local * arch.hidden_size
+    hidden = LOSS_HEAD_HIDDEN_BYTES + (0 if cut else LOSS_HEAD_PLAIN_HIDDEN_GRAD_BYTES)
+    per_token = hidden * arch.hidden_size + LOSS_HEAD_TOKEN_BYTES
     over = f"vocab {vocab}" + ("" if cut else f" ÷ tp {par.tp}")
     note = (f"{'top-p ' if cut else ''}chunk {rows} × {over} × {per_entry} B"
             f" + wgrad {weight_grad / GiB:.2f} + {tokens} × {per_token / 1024:.0f} KiB")
