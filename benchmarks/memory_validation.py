@@ -31,7 +31,12 @@ from vime.parse import Source
 from vime.plan.memory import (
     BACKWARD_TERMS,
     FRAGMENTATION,
+    HEADROOM_WARNING,
+    LOSS_HEAD_PLAIN_HIDDEN_GRAD_BYTES,
+    LOSS_HEAD_PLAIN_WEIGHT_GRAD_BYTES,
+    LOSS_HEAD_WEIGHT_GRAD_BYTES,
     GiB,
+    actor_outside_torch,
     adam_step_transient,
     memory_plan,
     padded_vocab,
@@ -111,12 +116,29 @@ def predict_grid(case: dict) -> dict:
     if bad:
         raise ValueError(f"{case['name']}: the spec does not plan: {bad}")
     v801 = [d.severity for d in result.diagnostics if d.code == "V801"]
-    phase = memory_plan(result.spec).train
+    spec = result.spec
+    phase = memory_plan(spec).train
     terms = {t.name: t.bytes for t in phase.terms}
+    verdict = "OOM" if "error" in v801 else "fits" + (" (tight)" if v801 else "")
+    total = phase.peak
+    if case.get("result", {}).get("loss_head_backward") == "by-tokens" and \
+            spec.rollout.top_p >= 1:
+        # the run's loss head went by tokens in its backward too (until 93b79b3): its weight
+        # gradient summed in fp32 (6 B per entry), no fp32 sum of the hidden states' gradient
+        h, vocab = spec.arch.hidden_size, padded_vocab(spec.arch.vocab_size, 1)
+        terms["logits"] += ((LOSS_HEAD_WEIGHT_GRAD_BYTES - LOSS_HEAD_PLAIN_WEIGHT_GRAD_BYTES)
+                            * vocab * h
+                            - LOSS_HEAD_PLAIN_HIDDEN_GRAD_BYTES * h * case["tokens"])
+        backward = sum(terms.get(name, 0.0) for name in BACKWARD_TERMS)
+        terms["optimizer step"] = max(adam_step_transient(spec) - backward, 0.0)
+        allocated = sum(v for name, v in terms.items() if name not in NOT_ALLOCATED)
+        total = allocated * (1 + FRAGMENTATION) + actor_outside_torch(spec)[0]
+        headroom = 1 - total / phase.capacity
+        verdict = ("OOM" if total > phase.capacity else
+                   "fits" + (" (tight)" if headroom < HEADROOM_WARNING else ""))
     allocated = sum(v for name, v in terms.items() if name not in NOT_ALLOCATED)
     return {"allocated": allocated / GiB, "reserved": allocated * (1 + FRAGMENTATION) / GiB,
-            "total": phase.peak / GiB, "gpu": phase.capacity / GiB,
-            "verdict": "OOM" if "error" in v801 else "fits" + (" (tight)" if v801 else ""),
+            "total": total / GiB, "gpu": phase.capacity / GiB, "verdict": verdict,
             "terms": {k: v / GiB for k, v in terms.items()}}
 
 

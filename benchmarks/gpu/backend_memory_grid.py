@@ -131,7 +131,11 @@ def run_case(case: dict, load_weights: bool) -> dict:
         optimizer=OptimizerSlice(1e-6, 0.1, 0.9, 0.98, 1.0), loss=LossConfig(), temperature=1.0,
         micro_batch_size=1, dynamic_batch=True, max_tokens_per_gpu=tokens,
         needs_ref=False, routing_replay=False, recompute=case["recompute"], cpu_threads=8)
-    out: dict = {"phase": "build"}
+    from runtime.core import loss_head
+
+    # how the loss head's backward ran (benchmarks/memory_validation.py plans the same)
+    out: dict = {"phase": "build", "loss_head_backward": "by-columns"
+                 if hasattr(loss_head, "PLAIN_WEIGHT_GRAD_BYTES") else "by-tokens"}
     started = time.perf_counter()
     try:
         backend = Backend()
