@@ -13,7 +13,7 @@ import importlib.util
 import json
 
 import pytest
-from specsupport import ROOT
+from specsupport import ROOT, run_spec
 
 DATA = ROOT / "docs" / "data" / "h200-megatron-memory-2026-11-29.jsonl"
 
@@ -139,3 +139,84 @@ def test_grid_verdicts_wrong_only_where_known():
         if (verdict == "OOM") != (outcome == "OOM"):
             wrong[case["name"]] = (verdict, outcome)
     assert wrong == KNOWN_WRONG_VERDICTS
+
+
+# -- the rollout side: a vLLM engine's start-up log (issue 18 item 4) -------------------------
+
+STARTUP_LOG = ROOT / "docs" / "data" / "h200-vllm-30b-startup-2026-12-01.log"
+ENGINE_SPEC = ROOT / "benchmarks" / "qwen3_30b_engine_h200.toml"
+ROLLOUT_BOUND = 0.05  # issue 18: the plan's figures for the same engine within 5%
+
+
+def _logged() -> dict[str, float]:
+    """vLLM 0.26.0's own figures, GiB (tokens for the KV cache's size), read from its log."""
+    import re
+
+    text = STARTUP_LOG.read_text()
+
+    def number(pattern: str) -> float:
+        return float(re.search(pattern, text).group(1).replace(",", ""))
+
+    usage = re.search(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak "
+                      r"activation, ([\d.]+) GiB for non-torch memory, and ([\d.]+) GiB for "
+                      r"CUDAGraph memory", text)
+    free, total = re.search(r"Free memory on device \(([\d.]+)/([\d.]+) GiB\)", text).groups()
+    return {"weights": number(r"Model loading took ([\d.]+) GiB"),
+            "activations": float(usage.group(2)), "non torch": float(usage.group(3)),
+            "cuda graphs": float(usage.group(4)),  # what the capture took
+            "context": float(total) - float(free),
+            "kv cache": number(r"Available KV cache memory: ([\d.]+) GiB"),
+            "kv tokens": number(r"GPU KV cache size: ([\d,]+) tokens")}
+
+
+def test_the_plan_of_a_logged_engine_is_within_five_percent_of_its_log():
+    from vime.plan.memory import CUDA_CONTEXT, GiB, memory_plan
+
+    logged = _logged()
+    result = run_spec(ENGINE_SPEC)
+    plan = memory_plan(result.spec).rollout
+    terms = {t.name: t.bytes / GiB for t in plan.phase.terms}
+    outside = terms["context + NCCL"] - CUDA_CONTEXT / GiB
+    planned = {"weights": terms["weights"], "activations": terms["activations"],
+               "cuda graphs": terms["cuda graphs"], "non torch": outside,
+               "context": CUDA_CONTEXT / GiB, "kv cache": terms["kv cache"],
+               "kv tokens": plan.kv_tokens}
+    errors = {k: (planned[k] - logged[k]) / logged[k] for k in logged}
+    assert all(abs(e) <= ROLLOUT_BOUND for e in errors.values()), errors
+    # the measured terms are marked so in the plan (an engine of one GPU)
+    assert {t.basis.kind for t in plan.phase.terms} == {"gpu"}
+
+
+def test_engine_flags_in_extra_args_reach_the_rollout_terms():
+    from vime.plan.memory import memory_plan
+
+    def terms(*extra):
+        sets = [f"inference.extra_args={json.dumps(list(extra))}"]
+        return {t.name: t.bytes for t in memory_plan(run_spec(ENGINE_SPEC, sets).spec)
+                .rollout.phase.terms}
+
+    seqs_512, seqs_1024 = terms("--max-num-seqs=512"), terms("--max-num-seqs=1024")
+    vocab = 151936
+    assert seqs_1024["activations"] - seqs_512["activations"] == 512 * vocab * 8  # the sampler
+    assert seqs_1024["cuda graphs"] == seqs_512["cuda graphs"]  # both capture up to 512
+    small = terms("--max-num-seqs=8")
+    assert small["cuda graphs"] < seqs_512["cuda graphs"]  # up to 16
+    assert terms("--max-num-seqs=512", "--enforce-eager")["cuda graphs"] == 0
+    fewer = terms("--max-num-seqs=512", "--max-num-batched-tokens=8192")
+    assert fewer["activations"] < seqs_512["activations"]
+    assert fewer["kv cache"] > seqs_512["kv cache"]  # the budget's rest
+
+
+def test_a_colocated_engine_needs_its_own_context_free_at_start():
+    """V803: vLLM's start-up check counts the engine's CUDA context as used (0.51 GiB)."""
+    from vime.plan.memory import CUDA_CONTEXT, GiB, memory_plan
+
+    base = ROOT / "specs" / "tiny_h200.toml"
+    plan = memory_plan(run_spec(base).spec)
+    actor = next(t.bytes for t in plan.rollout.phase.terms if t.name == "offloaded actor")
+    fits = (plan.gpu_bytes - actor - CUDA_CONTEXT) / plan.gpu_bytes
+    just_over = f"inference.gpu_memory_utilization={int(fits * 1000 + 1) / 1000}"
+    just_under = f"inference.gpu_memory_utilization={int(fits * 1000 - 1) / 1000}"
+    assert "V803" in [d.code for d in run_spec(base, [just_over]).diagnostics]
+    assert "V803" not in [d.code for d in run_spec(base, [just_under]).diagnostics]
+    assert CUDA_CONTEXT / GiB == pytest.approx(0.51)

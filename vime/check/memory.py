@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vime.check.registry import Finding, rule
-from vime.plan.memory import HEADROOM_WARNING, GiB, loss_head, memory_plan
+from vime.plan.memory import CUDA_CONTEXT, HEADROOM_WARNING, GiB, loss_head, memory_plan
 from vime.resolve.spec import Spec
 from vime.words import a
 
@@ -121,14 +121,16 @@ def colocated_rollout_budget(spec: Spec):
 
     vLLM checks at start-up that the GPU's free memory is at least gpu_memory_utilization ×
     its total memory ("ValueError: Free memory on device ... on startup is less than desired
-    GPU memory utilization"). When colocated, the offloaded actor still holds its CUDA
-    context and NCCL buffers on every GPU.
+    GPU memory utilization"). By then the engine's own CUDA context is in use (0.51 GiB on an
+    H200), and when colocated the offloaded actor still holds its CUDA context and NCCL
+    buffers on every GPU.
     Fix: a lower gpu_memory_utilization (the help gives the largest that fits)."""
     plan = memory_plan(spec)
     if plan is None or not spec.train.colocate:
         return
     util = spec.inference.gpu_memory_utilization
-    resident = next(t.bytes for t in plan.rollout.phase.terms if t.name == "offloaded actor")
+    actor = next(t.bytes for t in plan.rollout.phase.terms if t.name == "offloaded actor")
+    resident = actor + CUDA_CONTEXT
     if util * plan.gpu_bytes + resident > plan.gpu_bytes:
         best = int((plan.gpu_bytes - resident) / plan.gpu_bytes * 100) / 100
         yield Finding("inference.gpu_memory_utilization",

@@ -155,15 +155,39 @@ FRAGMENTATION = Basis(
 
 SLEEPING_ENGINE = Basis(
     "estimate",
-    "vLLM's context and CUDA graphs while asleep: not measured (issue 18, item 4: the plan's "
-    "figures against vLLM's own start-up log)")
+    "vLLM's context and CUDA graphs while asleep: both measured awake at start-up (issue 18, "
+    "item 4: docs/memory-validation.md), what sleep keeps of them not measured")
 
 # -- rollout and host ------------------------------------------------------------------------
 
 VLLM = Basis(
     "estimate",
-    "vLLM's terms follow its KV-cache budget code; not yet compared with the live engine's "
-    "start-up log (issue 18, item 4)")
+    "vLLM's terms follow its KV-cache budget code; compared with the live engine's start-up "
+    "log for one-GPU engines only (tp 1, vLLM 0.26.0 on an H200): with tp > 1 NCCL's buffers "
+    "and the sharded shapes are not measured")
+
+# one-GPU engines: the start-up log of vLLM 0.26.0 on an H200 (a Qwen3-30B-A3B-shaped engine,
+# 48 layers, max_num_seqs 512, and a tiny Qwen3-MoE), docs/memory-validation.md
+VLLM_STARTUP = "docs/data/h200-vllm-30b-startup-2026-12-01.log"
+_TINY_ENGINE = "docs/data/h200-vllm-engine-own-process-2026-12-01.log"
+VLLM_WEIGHTS = Basis(
+    "gpu", "'Model loading took 56.88 GiB' for the Qwen3-30B-A3B shape on one H200: -0.0%",
+    (VLLM_STARTUP, VALIDATION))
+VLLM_ACTIVATIONS = Basis(
+    "gpu", "the profile run's peak activation, 2.48 GiB for the Qwen3-30B-A3B shape (16,384 "
+    "batched tokens, a sampler of 512 sequences) and 0.09 GiB for a tiny Qwen3-MoE: +1.6% "
+    "and +11% (0.01 GiB)", (VLLM_STARTUP, _TINY_ENGINE, VALIDATION))
+VLLM_GRAPHS = Basis(
+    "gpu", "fitted to the two engines' CUDA graph pools (0.80 GiB for the Qwen3-30B-A3B "
+    "shape, largest size 512; 0.04 GiB for a tiny model): from these two only",
+    (VLLM_STARTUP, _TINY_ENGINE, VALIDATION))
+VLLM_OUTSIDE = Basis(
+    "gpu", "the context 0.51 GiB in use before vLLM takes its budget and 0.22-0.24 GiB outside "
+    "torch inside it, both engines at tp 1", (VLLM_STARTUP, _TINY_ENGINE, VALIDATION))
+VLLM_KV = Basis(
+    "gpu", "'Available KV cache memory: 65.58 GiB' (716,288 tokens) for the Qwen3-30B-A3B "
+    "shape at gpu_memory_utilization 0.9: -0.3% with the terms above",
+    (VLLM_STARTUP, VALIDATION))
 
 HOST = Basis("estimate", "host memory terms are not measured")
 

@@ -38,11 +38,23 @@ GiB = 1024**3
 # most seen). Not measured beyond two GPUs. (The planner had 0.6 + 1.0 GiB.)
 ACTOR_OUTSIDE_TORCH = 2.06 * GiB
 ACTOR_NCCL = 2.0 * GiB
-CUDA_CONTEXT = 0.6 * GiB  # a vLLM engine's CUDA context + cuBLAS workspaces (not measured)
-FRAGMENTATION = 0.10  # caching-allocator slack (reserved over allocated), measured 3-15%
-VLLM_NON_TORCH = 1.0 * GiB  # NCCL + custom all-reduce buffers inside a vLLM worker
-VLLM_GRAPH_BASE, VLLM_GRAPH_EACH = 0.25 * GiB, 24 * 1024**2  # CUDA graphs: pool + per captured size
-VLLM_DEFAULT_CAPTURE_SIZES = 67  # vLLM's default list up to 512 (1, 2, 4, 8..256 by 8, 272..512 by 16)
+FRAGMENTATION = 0.10  # caching-allocator slack (reserved over allocated), measured 2-21%
+# A vLLM engine, from its start-up log on an H200 (vLLM 0.26.0, one GPU, 2026-12-01; a tiny
+# Qwen3-MoE and a Qwen3-30B-A3B-shaped engine: docs/memory-validation.md). vLLM's budget is
+# gpu_memory_utilization × the GPU's memory; the engine's CUDA context is in use before it
+# takes the budget (139.29 of 139.8 GiB free at start, both engines) and is not in it, while
+# the memory outside torch that appears after its start-up snapshot is (0.22 and 0.24 GiB at
+# tp 1). With tp > 1 NCCL's and the custom all-reduce's buffers add to that: not measured.
+CUDA_CONTEXT = 0.51 * GiB
+VLLM_NON_TORCH = 0.24 * GiB
+VLLM_NCCL = 1.0 * GiB
+# CUDA graphs: one memory pool for every captured size, captured largest first, so its size
+# follows the largest size: a base and bytes per token of it per layer per hidden entry, from
+# 0.04 GiB (2 layers, hidden 256, largest 16) and 0.80 GiB (48 layers, hidden 2048, largest
+# 512; vLLM's own estimate, which it takes from the budget, was 0.64). vLLM's default sizes go
+# up to 2 × max_num_seqs, at most 512.
+VLLM_GRAPH_BASE, VLLM_GRAPH_PER_ENTRY = 0.04 * GiB, 16
+VLLM_MAX_DEFAULT_CAPTURE = 512
 HEADROOM_WARNING = 0.10
 # Ray's object store takes 30% of host memory by default (ray start --object-store-memory).
 RAY_OBJECT_STORE_FRACTION = 0.30
@@ -460,7 +472,7 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
                       f"+ {FRAGMENTATION:.0%} fragmentation",
                       evidence.weakest(p.basis for p in parts), parts))
     if train.colocate:
-        terms.append(Term("sleeping engine", _engine_residual(spec),
+        terms.append(Term("sleeping engine", _engine_residual(spec, gpu_bytes),
                           "vLLM asleep (level 1): weights on the host, KV cache freed; "
                           "context and CUDA graphs stay", evidence.SLEEPING_ENGINE))
     return Phase("train", tuple(terms), gpu_bytes)
@@ -468,14 +480,42 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
 
 # -- rollout -------------------------------------------------------------------------------
 
-def _graph_bytes(spec: Spec) -> float:
+def _engine_arg(spec: Spec, flag: str) -> str | None:
+    """The value of an engine flag in inference.extra_args (`--flag=V`: the schema's form), if
+    any; the last one wins, as in vLLM's parser."""
+    values = [arg.split("=", 1)[1] for arg in spec.inference.extra_args
+              if arg.startswith(flag + "=")]
+    return values[-1] if values else None
+
+
+def _engine_int(spec: Spec, flag: str, default: int) -> int:
+    value = _engine_arg(spec, flag)
+    return int(value) if value is not None and value.isdigit() else default
+
+
+def max_num_seqs(spec: Spec, gpu_bytes: float) -> int:
+    """vLLM's max_num_seqs: extra_args', else its default for the offline LLM class by device
+    memory (vllm.md §3.1, beside max_num_batched_tokens)."""
+    return _engine_int(spec, "--max-num-seqs", 1024 if gpu_bytes >= 70 * GiB else 256)
+
+
+def _graph_bytes(spec: Spec, gpu_bytes: float) -> float:
+    if "--enforce-eager" in spec.inference.extra_args:
+        return 0.0
     sizes = spec.inference.cudagraph_capture_sizes
-    count = len(sizes) if sizes is not None else VLLM_DEFAULT_CAPTURE_SIZES
-    return VLLM_GRAPH_BASE + VLLM_GRAPH_EACH * count
+    largest = max(sizes) if sizes else min(2 * max_num_seqs(spec, gpu_bytes),
+                                           VLLM_MAX_DEFAULT_CAPTURE)
+    arch = spec.arch
+    return VLLM_GRAPH_BASE + VLLM_GRAPH_PER_ENTRY * largest * arch.num_layers * arch.hidden_size
 
 
-def _engine_residual(spec: Spec) -> float:
-    return CUDA_CONTEXT + _graph_bytes(spec)
+def _engine_non_torch(spec: Spec) -> float:
+    """Inside vLLM's budget: what its start-up profile sees outside torch."""
+    return VLLM_NON_TORCH + (VLLM_NCCL if spec.derived.vllm_tp > 1 else 0.0)
+
+
+def _engine_residual(spec: Spec, gpu_bytes: float) -> float:
+    return CUDA_CONTEXT + _graph_bytes(spec, gpu_bytes)
 
 
 def _actor_residual(spec: Spec) -> float:
@@ -484,36 +524,51 @@ def _actor_residual(spec: Spec) -> float:
     return actor_outside_torch(spec)[0]
 
 
-def max_num_batched_tokens(gpu_bytes: float) -> int:
-    """vLLM's default for the offline LLM class by device memory (vllm.md §3.1)."""
-    return 16384 if gpu_bytes >= 70 * GiB else 8192
+def max_num_batched_tokens(gpu_bytes: float, spec: Spec | None = None) -> int:
+    """vLLM's max_num_batched_tokens: extra_args', else its default for the offline LLM class
+    by device memory (vllm.md §3.1)."""
+    default = 16384 if gpu_bytes >= 70 * GiB else 8192
+    return _engine_int(spec, "--max-num-batched-tokens", default) if spec else default
 
 
 def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     arch, d, inf = spec.arch, spec.derived, spec.inference
     weights = 2 * vllm_weight_params(spec)
-    batched = max_num_batched_tokens(gpu_bytes)
+    batched = max_num_batched_tokens(gpu_bytes, spec)
+    seqs = max_num_seqs(spec, gpu_bytes)
     h = arch.hidden_size
     experts_active = arch.topk if arch.is_moe else 1
     ffn = arch.moe_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size / d.vllm_tp
     # profile run: one forward pass of max_num_batched_tokens (hidden states, qkv, MoE
-    # workspaces of top-k copies) and the sampler over the vocabulary
-    activation = batched * (12 * h + experts_active * (4 * h + 6 * ffn)) + 1024 * arch.vocab_size * 8
-    graphs = _graph_bytes(spec)
+    # workspaces of top-k copies) and the sampler over the vocabulary for max_num_seqs rows
+    activation = batched * (12 * h + experts_active * (4 * h + 6 * ffn)) \
+        + seqs * arch.vocab_size * 8
+    graphs = _graph_bytes(spec, gpu_bytes)
+    non_torch = _engine_non_torch(spec)
     budget = ceil(gpu_bytes * inf.gpu_memory_utilization)
-    kv = budget - weights - activation - graphs - VLLM_NON_TORCH - CUDA_CONTEXT
+    kv = budget - weights - activation - graphs - non_torch  # the context is not in the budget
     kv_per_token = 2 * arch.num_layers * max(1, arch.num_kv_heads // d.vllm_tp) * arch.head_dim * 2
     kv_tokens = max(int(kv // kv_per_token), 0)
     max_len = spec.rollout.max_prompt_len + spec.rollout.max_response_len
     engines = max(d.num_engines, 1)
+    # measured for engines of one GPU (the start-up log); with tp or ep > 1 an estimate
+    one_gpu = d.vllm_tp == 1 and not inf.expert_parallel
+
+    def basis(measured: evidence.Basis) -> evidence.Basis:
+        return measured if one_gpu else evidence.VLLM
+
     terms = [
-        Term("weights", weights, f"bf16, TP {d.vllm_tp}, EP {d.vllm_ep}", evidence.VLLM),
-        Term("activations", activation, f"profile run of {batched} tokens + sampler",
-             evidence.VLLM),
+        Term("weights", weights, f"bf16, TP {d.vllm_tp}, EP {d.vllm_ep}",
+             basis(evidence.VLLM_WEIGHTS)),
+        Term("activations", activation,
+             f"profile run of {batched} tokens + sampler of {seqs} sequences",
+             basis(evidence.VLLM_ACTIVATIONS)),
         Term("cuda graphs", graphs, f"{len(inf.cudagraph_capture_sizes or ()) or 'default'} sizes",
-             evidence.VLLM),
-        Term("context + NCCL", VLLM_NON_TORCH + CUDA_CONTEXT, "", evidence.VLLM),
-        Term("kv cache", max(kv, 0.0), f"{kv_tokens} tokens per DP rank", evidence.VLLM),
+             basis(evidence.VLLM_GRAPHS)),
+        Term("context + NCCL", non_torch + CUDA_CONTEXT,
+             f"context {CUDA_CONTEXT / GiB:.2f} GiB (not in vLLM's budget) + outside torch "
+             f"{non_torch / GiB:.2f}", basis(evidence.VLLM_OUTSIDE)),
+        Term("kv cache", max(kv, 0.0), f"{kv_tokens} tokens per DP rank", basis(evidence.VLLM_KV)),
     ]
     if spec.train.colocate:
         terms.append(Term("offloaded actor", _actor_residual(spec),
