@@ -109,13 +109,12 @@ def _memory(torch) -> dict:
 
 def run_case(case: dict, load_weights: bool) -> dict:
     """The case in this process: what the result line's "result" holds."""
-    from types import MappingProxyType
-
+    import one_gpu
     import torch
 
     from runtime.backends.megatron_train import MegatronTrainingBackend
+    from runtime.core import loss_head
     from runtime.core.interfaces import TrainBatch
-    from runtime.core.slices import LossConfig, ModelSlice, OptimizerSlice, TrainSlice
 
     class Backend(MegatronTrainingBackend):
         def _load_initial_weights(self, model) -> None:
@@ -123,15 +122,7 @@ def run_case(case: dict, load_weights: bool) -> dict:
                 super()._load_initial_weights(model)
 
     tokens, arch = case["tokens"], case["arch"]
-    ones = {k: 1 for k in ("tp", "pp", "cp", "ep", "etp", "dp", "edp")}
-    train_slice = TrainSlice(
-        backend="megatron", model=ModelSlice("", MappingProxyType(arch), True, 1234), rank=0,
-        world_size=1, node=0, gpu=0, coords=MappingProxyType({k: 0 for k in ones}),
-        parallel=MappingProxyType(ones), master_addr="127.0.0.1", master_port=0,
-        optimizer=OptimizerSlice(1e-6, 0.1, 0.9, 0.98, 1.0), loss=LossConfig(), temperature=1.0,
-        micro_batch_size=1, dynamic_batch=True, max_tokens_per_gpu=tokens,
-        needs_ref=False, routing_replay=False, recompute=case["recompute"], cpu_threads=8)
-    from runtime.core import loss_head
+    train_slice = one_gpu.train_slice(arch, tokens, case["recompute"])
 
     # how the loss head's backward ran (benchmarks/memory_validation.py plans the same)
     out: dict = {"phase": "build", "loss_head_backward": "by-columns"

@@ -41,7 +41,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from types import MappingProxyType
 
 import torch
 
@@ -239,20 +238,13 @@ def step_child(args) -> dict:
 
 
 def _backend_step(arch: dict, tokens: int):
+    import one_gpu
+
     from runtime.backends.megatron_train import MegatronTrainingBackend
     from runtime.core.interfaces import TrainBatch
-    from runtime.core.slices import LossConfig, ModelSlice, OptimizerSlice, TrainSlice
 
-    ones = {k: 1 for k in ("tp", "pp", "cp", "ep", "etp", "dp", "edp")}
-    train_slice = TrainSlice(
-        backend="megatron", model=ModelSlice("", MappingProxyType(arch), True, 1234), rank=0,
-        world_size=1, node=0, gpu=0, coords=MappingProxyType({k: 0 for k in ones}),
-        parallel=MappingProxyType(ones), master_addr="127.0.0.1", master_port=0,
-        optimizer=OptimizerSlice(1e-6, 0.1, 0.9, 0.98, 1.0), loss=LossConfig(), temperature=1.0,
-        micro_batch_size=1, dynamic_batch=True, max_tokens_per_gpu=tokens,
-        needs_ref=False, routing_replay=False, recompute="none", cpu_threads=8)
     backend = MegatronTrainingBackend()
-    backend.init(train_slice)
+    backend.init(one_gpu.train_slice(arch, tokens))
     ids = torch.randint(0, arch["vocab_size"], (tokens,)).tolist()
     batch = TrainBatch(tokens=[ids], prompt_lens=[1], advantages=[0.5],
                        old_log_probs=[[-2.0] * (tokens - 1)], step_response_tokens=tokens - 1)

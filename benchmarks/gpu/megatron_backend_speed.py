@@ -17,13 +17,12 @@ import argparse
 import json
 import statistics
 import time
-from types import MappingProxyType
 
+import one_gpu
 import torch
 
 from runtime.backends.megatron_train import MegatronTrainingBackend
 from runtime.core.interfaces import TrainBatch
-from runtime.core.slices import LossConfig, ModelSlice, OptimizerSlice, TrainSlice
 from vime.resolve.model import PRESETS
 
 
@@ -49,17 +48,8 @@ def main() -> None:
     args = parser.parse_args()
     arch = {**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": args.layers,
             "max_position_embeddings": max(args.tokens, 4096)}
-    ones = {k: 1 for k in ("tp", "pp", "cp", "ep", "etp", "dp", "edp")}
-    zeros = {k: 0 for k in ones}
-    train_slice = TrainSlice(
-        backend="megatron", model=ModelSlice("", MappingProxyType(arch), True, 1234), rank=0,
-        world_size=1, node=0, gpu=0, coords=MappingProxyType(zeros),
-        parallel=MappingProxyType(ones), master_addr="127.0.0.1", master_port=0,
-        optimizer=OptimizerSlice(1e-6, 0.1, 0.9, 0.98, 1.0), loss=LossConfig(), temperature=1.0,
-        micro_batch_size=1, dynamic_batch=True, max_tokens_per_gpu=args.tokens,
-        needs_ref=False, routing_replay=False, recompute="none", cpu_threads=8)
     backend = MegatronTrainingBackend()
-    backend.init(train_slice)
+    backend.init(one_gpu.train_slice(arch, args.tokens))
     vocab = arch["vocab_size"]
     tokens = torch.randint(0, vocab, (args.tokens,)).tolist()
     response = args.tokens - 1
