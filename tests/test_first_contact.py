@@ -77,6 +77,18 @@ def test_batch_counts_of_one_are_singular(capsys):
     assert "  1 rollout → 1 optimizer step\n" in out and "each engine 1 sample)" in out
 
 
+@pytest.mark.parametrize(("gpus", "says"), [
+    (129, "128 GPUs hold 1 expert, the others 0"), (24, "8 GPUs hold 6 experts, the others 5"),
+    (127, "1 GPU holds 2 experts, the others 1")])
+def test_v303_counts_gpus_and_experts_in_english(gpus, says):
+    nodes = -(-(gpus + 8) // 8)  # the engine's GPUs and the seed's 8 for the actor
+    result = pipeline.run(Source(str(SEED), SEED.read_text()), [
+        f"cluster.nodes={nodes}", f"inference.num_gpus={gpus}",
+        f"inference.gpus_per_engine={gpus}"], SEED.parent)
+    (message,) = [d.message for d in result.diagnostics if d.code == "V303"]
+    assert message.endswith(says), message
+
+
 def test_torch_backends_plan_no_vllm_memory_and_no_h100(capsys):
     out = _plan(TINY, capsys=capsys)[1]
     assert "H100" not in out and "79.6 GiB" not in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from vime.check.layout import divisors
 from vime.check.registry import Finding, rule
 from vime.resolve.spec import Spec
+from vime.words import plural
 
 # vllm/distributed/eplb/eplb_state.py: MAX_EXPERT_REDUNDANCY
 MAX_REDUNDANT_EXPERTS = 1023
@@ -77,7 +78,8 @@ def vllm_experts_divide_ep(spec: Spec):
         yield Finding(
             "inference.expert_parallel",
             f"{experts} experts do not divide over vLLM's EP = {ep} GPUs: "
-            f"{experts % ep} GPUs hold {experts // ep + 1} experts, the others {experts // ep}",
+            f"{plural(experts % ep, 'GPU')} {'holds' if experts % ep == 1 else 'hold'} "
+            f"{plural(experts // ep + 1, 'expert')}, the others {experts // ep}",
             help=f"[inference.eplb] enabled = true, num_redundant_experts = {extra} "
             f"({experts} + {extra} = {experts + extra} = {(experts + extra) // ep} × {ep})",
             related=("inference.gpus_per_engine",))
