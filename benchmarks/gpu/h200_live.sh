@@ -20,13 +20,28 @@
 # parts of ../shared/gpu/vllm-bundle.sh (.gpu/vllm/pNN), Ray's wheel in two parts
 # (.gpu/ray/rNN: `split -b 37M` of ray-2.55.1-cp312-cp312-manylinux2014_x86_64.whl), and
 # .whl/ (megatron-core 0.19.2, submitit, tomli-w). Each part is moved to /tmp/parts by the call
-# that carries it. Results go to $OUT (JSON and logs).
+# that carries it. Results go to $OUT (JSON and logs); $OUT brings back a few files only: the
+# steps with many files (grid) are best tarred into one.
+#
+# A call carries at most 64 MiB with the working tree (~3 MiB): one 58 MiB part a call, and the
+# repository's snapshot (.snap: `git archive HEAD` + .whl/ + .gpu/vllm/install.sh*, ~6 MiB)
+# with the last, small parts (p06 + r01), copied to /tmp at once; then run from there.
+# grid and grouped need only megatron-core: `MEGATRON_ONLY=1` installs .whl/ alone, one call
+# carrying .snap, no vLLM or Ray parts.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 
 setup() {
+  if [ -n "${MEGATRON_ONLY:-}" ]; then
+    [ -f /tmp/site/.megatron-ok ] || { python3 -m pip install -q --no-index --no-deps \
+      --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && touch /tmp/site/.megatron-ok; } || return 1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    python3 -c "import megatron.core, torch; print('megatron-core', megatron.core.__version__, 'torch', torch.__version__)"
+    return
+  fi
   # shellcheck disable=SC1091
   source .gpu/vllm/install.sh >/dev/null || return 1
   if [ ! -f /tmp/site/.ray-ok ]; then
@@ -96,8 +111,12 @@ case $step in
       pkill -9 -f "EngineCore|rollout_bench" 2>/dev/null; sleep 2  # the engine core outlives a timeout
     done ;;
   grid)
-    timeout -k 5 560 python3 benchmarks/gpu/backend_memory_grid.py --out "$out/backend-grid.jsonl" \
-      --budget-s "${BUDGET:-420}" 2>&1 | tail -20 ;;
+    # the children's result files stay in /tmp/grid (one tar of them comes back): $OUT brings
+    # back a few files only, and on 2026-12-01 the JSONL itself was left behind with them
+    rm -rf /tmp/grid && mkdir -p /tmp/grid
+    timeout -k 5 560 python3 benchmarks/gpu/backend_memory_grid.py --out /tmp/grid/backend-grid.jsonl \
+      --budget-s "${BUDGET:-420}" 2>&1 | tail -20
+    cp /tmp/grid/backend-grid.jsonl "$out/" && tar czf "$out/grid-children.tgz" -C /tmp/grid . ;;
   grouped)
     timeout -k 5 "${LIMIT:-420}" python3 benchmarks/gpu/grouped_experts_bench.py --out "$out/grouped.json" \
       --alternations "${ALTERNATIONS:-1}" > "$out/grouped.log" 2>&1
