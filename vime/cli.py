@@ -187,9 +187,9 @@ def cmd_submit(args) -> int:
 
     source, result = _load(args)
     launcher = "local" if args.local else "ray-address" if args.ray_address else "slurm"
-    if result.ok and launcher == "slurm":  # paths the nodes need, on this machine only (V701)
-        result.diagnostics = shared.with_unshared(result, source.name, sys.executable,
-                                                  args.strict)
+    if result.ok and launcher != "local":  # paths the nodes need, on this machine only (V701)
+        python = sys.executable if launcher == "slurm" else None  # a Ray cluster runs its own
+        result.diagnostics = shared.with_unshared(result, source.name, python, args.strict)
     elif result.ok and launcher == "local":  # the GPUs this machine's environment shows (V707)
         from vime.check.cluster import hidden_in_local_environment
         from vime.diagnostics import finalize

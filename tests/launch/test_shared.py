@@ -110,6 +110,22 @@ def test_submit_warns_about_this_machines_python_on_two_nodes(disk):
     assert strict.returncode == 1 and "error[V701]: the job's Python" in strict.stderr
 
 
+def test_a_job_on_a_running_ray_cluster_is_warned_about_its_paths_not_its_python(disk):
+    """--ray-address: the same V701 for the paths; the cluster's nodes run their own Python.
+    At an address where nothing listens the submit stops after the diagnostics (exit 2)."""
+    local = shared.mount_of(str(disk), shared.mounts())
+    if _node_local_prefix(str(disk)) is None and (local is None
+                                                  or local[1] not in shared.LOCAL_TYPES):
+        pytest.skip(f"{disk} is on {local}, which may be shared")
+    prompts = disk / "prompts.jsonl"
+    prompts.write_text('{"prompt": "1+1", "label": "2"}\n')
+    sets = spec_sets(disk, **{"data.prompt_data": json.dumps(str(prompts))})
+    done = vime("submit", str(SMOKE), "--ray-address", "127.0.0.1:9", *sets)
+    assert done.returncode == 2 and "no Ray cluster answers at 127.0.0.1:9" in done.stderr
+    assert f"warning[V701]: data.prompt_data = {str(prompts)!r}" in done.stderr, done.stderr
+    assert "the job's Python" not in done.stderr
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
 def test_no_warning_for_the_repositorys_single_node_specs(spec):
     done = vime("submit", str(spec), "--dry-run", cwd=ROOT)

@@ -9,7 +9,9 @@ nodes would find no Python, no prompts, or write checkpoints the head never read
 not an error: the nodes may mount that folder from this machine (an NFS export of it), which
 nothing here can see. Paths that do not exist here (a model or data set mounted only on the
 cluster) are not judged; output and checkpoint folders are judged where they will be made.
-A job of one node runs on one machine: nothing to share, nothing said.
+A job of one node runs on one machine: nothing to share, nothing said. A job on a running Ray
+cluster (`--ray-address`) gets the same warnings for its paths, not for the interpreter: the
+cluster's nodes run their own.
 """
 
 from __future__ import annotations
@@ -75,9 +77,10 @@ def _why_local(path: str, table: list[tuple[str, str]], made: bool = False) -> s
     return None
 
 
-def unshared(spec, python: str, reported: list[Diagnostic],
+def unshared(spec, python: str | None, reported: list[Diagnostic],
              table: list[tuple[str, str]] | None = None) -> list[Diagnostic]:
-    """V701 warnings for a submitted job's spec (its paths absolute) and interpreter."""
+    """V701 warnings for a submitted job's spec (its paths absolute) and interpreter (None: a
+    job on a running Ray cluster, whose nodes run their own)."""
     nodes = spec.cluster.nodes
     if nodes <= 1:
         return []
@@ -101,8 +104,7 @@ def unshared(spec, python: str, reported: list[Diagnostic],
                 spec.origin(key).location,
                 help="a path on a file system every node mounts (NFS, Lustre, GPFS); if the "
                 "nodes mount this folder from this machine, this does not apply"))
-    venv = os.path.dirname(os.path.abspath(python))
-    why = _why_local(venv, table)
+    why = python and _why_local(os.path.dirname(os.path.abspath(python)), table)
     if why:
         found.append(Diagnostic(
             "warning", "V701", ("cluster", "nodes"),
@@ -113,7 +115,9 @@ def unshared(spec, python: str, reported: list[Diagnostic],
     return found
 
 
-def with_unshared(result, source_name: str, python: str, strict: bool) -> list[Diagnostic]:
-    """The compiler's diagnostics and the warnings above, for `vime submit` to Slurm."""
+def with_unshared(result, source_name: str, python: str | None,
+                  strict: bool) -> list[Diagnostic]:
+    """The compiler's diagnostics and the warnings above, for `vime submit` to Slurm (python:
+    the interpreter job.sbatch runs on every node) or to a running Ray cluster (None)."""
     spec = paths.absolute(result.spec, Path(source_name).resolve().parent, Path.cwd())
     return finalize([*result.diagnostics, *unshared(spec, python, result.diagnostics)], strict)
