@@ -174,3 +174,45 @@ def test_a_job_id_looked_up_from_the_root_folder_is_not_an_internal_error():
     done = vime("logs", "0", cwd=Path("/"), env={"PATH": "/nonexistent"}, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no Slurm here to look job 0 up" in done.stderr
+
+
+def test_logs_f_of_a_slurm_job_asks_squeue_every_few_seconds_not_every_second(
+        tmp_path, monkeypatch):
+    """The log is read every second; Slurm is asked at most every SLURM_POLL_S (slurmctld
+    serves the whole cluster), and at once when the head has written outcome.json."""
+    import io
+
+    from vime.launch import follow, slurm
+    from vime.launch.jobdir import JobFolder
+
+    folder = tmp_path / "4242"
+    _ended_job(folder, 3)
+    info = json.loads((folder / "job.json").read_text())
+    (folder / "job.json").write_text(json.dumps({**info, "job_id": "4242", "launcher": "slurm"}))
+    outcome = folder / "outcome.json"
+    written = outcome.read_text()
+    outcome.unlink()
+    clock = [1000.0]
+    asked = []
+
+    def sleep(seconds):
+        clock[0] += seconds
+        if clock[0] >= 1030.0 and not outcome.exists():  # the head ends after 30 s
+            outcome.write_text(written)
+
+    def state(job_id):
+        asked.append(clock[0])
+        done = outcome.exists()
+        return slurm.JobState("COMPLETED" if done else "RUNNING", "squeue")
+
+    monkeypatch.setattr(follow.time, "sleep", sleep)
+    monkeypatch.setattr(follow.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(follow.time, "time", lambda: clock[0])
+    monkeypatch.setattr(slurm, "state", state)
+    out = io.StringIO()
+    assert follow.watch(JobFolder(folder), out=out) == 0
+    assert "job 4242 succeeded" in out.getvalue()
+    gaps = [b - a for a, b in zip(asked[:-1], asked[1:], strict=True)]
+    assert len(asked) <= 2 + 30 / follow.SLURM_POLL_S, asked
+    assert all(gap >= follow.SLURM_POLL_S for gap in gaps[:-1]), gaps
+    assert asked[-1] - 1030.0 <= follow.WATCH_POLL_S  # the end is seen within a second

@@ -170,6 +170,10 @@ def logs(folder: JobFolder, node: int, follow: bool, out=sys.stdout) -> int:
 
 
 WATCH_POLL_S = 1.0
+# squeue at most this often while a Slurm job is followed (slurmctld answers every user of the
+# cluster; the log and metrics are read every WATCH_POLL_S), and at once when the head writes
+# outcome.json
+SLURM_POLL_S = 5.0
 OUTCOME_WAIT_S = 5.0  # the head writes outcome.json as it ends; a shared file system may lag
 WHERE = {"slurm": "on Slurm", "local": "here, one process per node",
          "ray-address": "on a Ray cluster"}
@@ -212,11 +216,15 @@ def watch(folder: JobFolder, quiet: bool = False, out=sys.stdout) -> int:
               f"({state}; {detail})\n"
               f"  folder  {folder.path}\n"
               f"  logs    {folder.log(0)} (head and driver)")
+    asked = time.monotonic()
     try:
         while not finished:
             shown.poll()
             time.sleep(WATCH_POLL_S)
-            state, finished, _ = live_state(folder)
+            if (info["launcher"] != "slurm" or time.monotonic() - asked >= SLURM_POLL_S
+                    or (folder.path / "outcome.json").exists()):
+                state, finished, _ = live_state(folder)
+                asked = time.monotonic()
         deadline = time.time() + OUTCOME_WAIT_S
         while not (folder.path / "outcome.json").exists() and time.time() < deadline:
             time.sleep(0.2)
