@@ -201,7 +201,9 @@ def test_engine_flags_in_extra_args_reach_the_rollout_terms():
     assert seqs_1024["cuda graphs"] == seqs_512["cuda graphs"]  # both capture up to 512
     small = terms("--max-num-seqs=8")
     assert small["cuda graphs"] < seqs_512["cuda graphs"]  # up to 16
+    assert terms("--max_num_seqs=512") == seqs_512  # vLLM's parser reads either spelling
     assert terms("--max-num-seqs=512", "--enforce-eager")["cuda graphs"] == 0
+    assert terms("--enforce-eager", "--no-enforce-eager") == terms()  # the last one wins
     fewer = terms("--max-num-seqs=512", "--max-num-batched-tokens=8192")
     assert fewer["activations"] < seqs_512["activations"]
     assert fewer["kv cache"] > seqs_512["kv cache"]  # the budget's rest

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import ceil
 
+from vime import flags
 from vime.plan import evidence
 from vime.plan.evidence import Basis
 from vime.plan.placement import actor_layout
@@ -480,17 +481,16 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
 
 # -- rollout -------------------------------------------------------------------------------
 
-def _engine_arg(spec: Spec, flag: str) -> str | None:
-    """The value of an engine flag in inference.extra_args (`--flag=V`: the schema's form), if
-    any; the last one wins, as in vLLM's parser."""
-    values = [arg.split("=", 1)[1] for arg in spec.inference.extra_args
-              if arg.startswith(flag + "=")]
-    return values[-1] if values else None
+def _engine_args(spec: Spec) -> list[flags.Arg]:
+    """inference.extra_args as vLLM's parser reads them (vime.flags.split: `--max_num_seqs`
+    is `--max-num-seqs`)."""
+    return [flags.split(arg) for arg in spec.inference.extra_args]
 
 
 def _engine_int(spec: Spec, flag: str, default: int) -> int:
-    value = _engine_arg(spec, flag)
-    return int(value) if value is not None and value.isdigit() else default
+    """The last `flag=N` of extra_args (the last one wins, as in vLLM's parser), else default."""
+    values = [a.value for a in _engine_args(spec) if a.name == flag and a.value is not None]
+    return int(values[-1]) if values and values[-1].isdigit() else default
 
 
 def max_num_seqs(spec: Spec, gpu_bytes: float) -> int:
@@ -500,7 +500,9 @@ def max_num_seqs(spec: Spec, gpu_bytes: float) -> int:
 
 
 def _graph_bytes(spec: Spec, gpu_bytes: float) -> float:
-    if "--enforce-eager" in spec.inference.extra_args:
+    eager = [a.name for a in _engine_args(spec)
+             if a.name in ("--enforce-eager", "--no-enforce-eager")]
+    if eager and eager[-1] == "--enforce-eager":
         return 0.0
     sizes = spec.inference.cudagraph_capture_sizes
     largest = max(sizes) if sizes else min(2 * max_num_seqs(spec, gpu_bytes),
@@ -524,17 +526,17 @@ def _actor_residual(spec: Spec) -> float:
     return actor_outside_torch(spec)[0]
 
 
-def max_num_batched_tokens(gpu_bytes: float, spec: Spec | None = None) -> int:
+def max_num_batched_tokens(spec: Spec, gpu_bytes: float) -> int:
     """vLLM's max_num_batched_tokens: extra_args', else its default for the offline LLM class
     by device memory (vllm.md §3.1)."""
-    default = 16384 if gpu_bytes >= 70 * GiB else 8192
-    return _engine_int(spec, "--max-num-batched-tokens", default) if spec else default
+    return _engine_int(spec, "--max-num-batched-tokens",
+                       16384 if gpu_bytes >= 70 * GiB else 8192)
 
 
 def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     arch, d, inf = spec.arch, spec.derived, spec.inference
     weights = 2 * vllm_weight_params(spec)
-    batched = max_num_batched_tokens(gpu_bytes, spec)
+    batched = max_num_batched_tokens(spec, gpu_bytes)
     seqs = max_num_seqs(spec, gpu_bytes)
     h = arch.hidden_size
     experts_active = arch.topk if arch.is_moe else 1
