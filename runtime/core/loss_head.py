@@ -213,7 +213,7 @@ class _LossHead(torch.autograd.Function):
             x = _scaled_logits(hidden[span], weight, temperature)
             g = grad_log_probs[span].unsqueeze(-1) if grad_log_probs is not None else None
             grad = None  # -(dloss/dx) but for the target's +g, built in place
-            if g is not None and cut:
+            if g is not None:  # this loop is top-p's (the cut's): _by_columns does the rest
                 normaliser, threshold, share, outside = (t[span].unsqueeze(-1)
                                                          for t in nucleus_saved)
                 # g q, q = w exp(x - normaliser), w: 1 above the cut, the kept share at it, and
@@ -224,16 +224,9 @@ class _LossHead(torch.autograd.Function):
                 grad.scatter_add_(-1, local[span], below * inside[span, None])
                 grad.mul_(g)
             log_p = x.sub_(log_total[span, None])
-            plain = g is not None and not cut
-            if grad_entropy is not None:
-                # p (g_H (log p + H) + g): the entropy's part, and the plain log-prob's
+            if grad_entropy is not None:  # the entropy's part: p g_H (log p + H)
                 p = log_p.exp()
-                coefficient = log_p.add_(entropies[span, None]).mul_(grad_entropy[span, None])
-                p.mul_(coefficient.add_(g) if plain else coefficient)
-                del coefficient
-            elif plain:
-                p = log_p.exp_().mul_(g)
-            if grad_entropy is not None or plain:
+                p.mul_(log_p.add_(entropies[span, None]).mul_(grad_entropy[span, None]))
                 grad = p if grad is None else grad.add_(p)
                 del p
             del log_p
