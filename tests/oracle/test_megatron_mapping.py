@@ -16,6 +16,7 @@ pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from megatroncpu import TINY_MOE  # noqa: E402
 
 from runtime.megatron.mapping import (  # noqa: E402
     hf_to_megatron,
@@ -25,14 +26,8 @@ from runtime.megatron.mapping import (  # noqa: E402
 )
 from vime.resolve.model import arch_from_config  # noqa: E402
 
-TINY = {
-    "model_type": "qwen3_moe", "num_hidden_layers": 3, "hidden_size": 64,
-    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
-    "intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 4,
-    "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0],
-    "tie_word_embeddings": False, "max_position_embeddings": 256, "rope_theta": 10000.0,
-    "rms_norm_eps": 1e-6, "norm_topk_prob": True,
-}
+# megatroncpu's tiny MoE with a third layer: two MoE layers after the dense one
+TINY = {**TINY_MOE, "num_hidden_layers": 3}
 
 
 @pytest.fixture(scope="module")
