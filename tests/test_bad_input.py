@@ -207,3 +207,29 @@ def test_the_largest_plan_as_json_lists_every_rank_group_and_engine(case, capsys
                                                                     for g in gpus})
         assert engine["gpus"] == [{"node": g // gpus_per_node, "gpu": g % gpus_per_node}
                                   for g in gpus]
+
+
+@pytest.mark.parametrize("impl", ["auto", "transformer_engine", "local"])
+def test_transformer_impl_takes_megatrons_two_names_and_auto(impl):
+    result = run_text(BASE, [f'train.transformer_impl="{impl}"'])
+    assert result.ok and result.spec.train.transformer_impl == impl
+    assert result.spec.origin("train.transformer_impl").describe() == "set (--set[1]:1)"
+
+
+def test_transformer_impl_defaults_to_auto_and_says_so():
+    result = run_text(BASE)
+    assert result.spec.train.transformer_impl == "auto"
+    assert result.spec.origin("train.transformer_impl").describe() == "default: 'auto'"
+
+
+def test_a_misspelt_transformer_impl_is_placed_and_gets_the_name_it_meant():
+    text = BASE.replace('recompute = "full"\n',
+                        'recompute = "full"\ntransformer_impl = "transformer-engine"\n')
+    line = text.splitlines().index('transformer_impl = "transformer-engine"') + 1
+    (diag,) = run_text(text).diagnostics
+    assert (diag.code, diag.key) == ("V003", "train.transformer_impl")
+    assert (diag.location.line, diag.location.col) == (line, 1)
+    assert "'auto', 'transformer_engine', 'local'" in diag.message
+    assert diag.help == 'did you mean "transformer_engine"?'
+    (diag,) = run_text(BASE, ['train.transformer_impl="te"']).diagnostics
+    assert (diag.code, diag.location.file) == ("V003", "--set[1]") and diag.help is None

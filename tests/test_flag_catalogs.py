@@ -121,6 +121,19 @@ def test_megatron_args_vime_emits_are_megatron_ls_flags():
                 assert values[0] in map(str, entry["choices"]), (spec.name, flag, values)
 
 
+@pytest.mark.parametrize("impl, flag", [
+    ("transformer_engine", [["--transformer-impl", "transformer_engine"]]),
+    ("local", [["--transformer-impl", "local"]]), ("auto", [])])
+def test_megatron_args_name_the_layer_spec_only_when_the_spec_forces_one(impl, flag):
+    """auto is decided on the training nodes, so megatron.args leaves Megatron-LM's flag out;
+    a forced one is the flag, inside its choices in Megatron-LM's parser."""
+    result = plan(sets=[f'train.transformer_impl="{impl}"'])
+    emitted = [group for group in megatron_args(result.plan) if group[0] == "--transformer-impl"]
+    assert emitted == flag
+    choices = flags.catalog("megatron").newest("--transformer-impl")[1]["choices"]
+    assert all(values in choices for _, values in emitted)
+
+
 def test_the_catalogs_are_small_and_read_only_when_extra_args_has_flags():
     sizes = [p.stat().st_size for p in (ROOT / "vime" / "data").glob("vllm-flags-*.json")]
     assert len(sizes) == 3 and sum(sizes) < 150_000

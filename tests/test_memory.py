@@ -162,6 +162,26 @@ def test_adam_step_transient_one_optimizer_and_chained():
     assert terms["optimizer step"].bytes == 0  # CPU Adam steps on the host
 
 
+@pytest.mark.parametrize("impl", ["auto", "local", "transformer_engine"])
+def test_only_the_te_layer_spec_drops_the_foreach_adamw_transient(impl):
+    """transformer_impl = "transformer_engine" puts TE on every node, so megatron-core steps
+    with TE's FusedAdam, which updates in place; auto and local may run where TE is not and
+    keep torch's foreach AdamW transient. Nothing else changes but the fragmentation allowance,
+    a share of what is allocated."""
+    sets = [*ONE_H200, "train.max_tokens_per_gpu=2048", SEQUENTIAL]
+    _, auto = _train(sets)
+    assert auto["optimizer step"].bytes > 0
+    _, terms = _train([*sets, f'train.transformer_impl="{impl}"'])
+    te = impl == "transformer_engine"
+    assert terms.keys() == auto.keys()
+    changed = [n for n in terms if terms[n] != auto[n]]
+    assert changed == (["optimizer step", "allowance"] if te else [])
+    step = terms["optimizer step"]
+    assert (step.bytes == 0) == te and ("FusedAdam" in step.note) == te
+    assert ("FusedAdam" in step.basis.evidence) == te and step.basis.kind == (
+        "estimate" if te else "gpu")
+
+
 def test_etp_processes_the_rows_of_its_group():
     """Issue 18: with etp = 2 every rank processed all T·K routed rows, not T/tp: the
     dispatcher gathers the etp group's rows, each at ffn ÷ etp."""

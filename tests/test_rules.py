@@ -72,3 +72,20 @@ def test_docs_rules_md_is_current():
     from vime.check.catalog import markdown
 
     assert (ROOT / "docs" / "rules.md").read_text() == markdown(), "run `make docs`"
+
+
+@pytest.mark.parametrize("impl, warns", [("auto", True), ("local", True),
+                                         ("transformer_engine", False)])
+def test_v214_is_silent_only_where_the_layer_spec_already_needs_te(impl, warns):
+    """transformer_engine makes TE a requirement of every node (the backend stops at start
+    without it), so FusedAdam is there; under auto or local it may not be."""
+    spec = ROOT / "specs" / "qwen3_30b_2node.toml"
+    result = run_text(spec.read_text(), ["train.optimizer.precision_aware=true",
+                                         f'train.transformer_impl="{impl}"'],
+                      name=f"specs/{spec.name}", spec_dir=spec.parent)
+    found = [d for d in result.diagnostics if d.code == "V214"]
+    assert bool(found) == warns and result.ok
+    for diag in found:
+        assert f'transformer_impl = "{impl}"' in diag.message and diag.severity == "warning"
+        assert 'train.transformer_impl = "transformer_engine"' in diag.help
+        assert ("train", "transformer_impl") in [path for path, _ in diag.related]

@@ -24,8 +24,9 @@ from vime.words import a
 _LEFT_OUT: dict[Path, dict[str, str]] = {
     ("train",): {"extra_args": (
         "vime has no train.extra_args: the Megatron backend builds its model from the spec's own "
-        "keys ([model.arch], [train.parallel], [train.optimizer], train.recompute, ...), and "
-        "megatron.args in the build folder records them as Megatron-LM flags; "
+        "keys ([model.arch], [train.parallel], [train.optimizer], train.recompute, "
+        "train.transformer_impl, ...), and megatron.args in the build folder records them as "
+        "Megatron-LM flags; "
         "inference.extra_args is vLLM's command line, not Megatron's (docs/spec.md)")},
 }
 
@@ -55,7 +56,13 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str | None]:
     sub = error.schema if isinstance(error.schema, dict) else {}
     value = error.instance
     if error.validator == "enum":
-        return f"{value!r} is not one of {', '.join(map(repr, error.validator_value))}", None
+        choices = error.validator_value
+        # case and - or _ aside ("transformer-engine", "Local"), as difflib scores them
+        plain = {str(c).lower().replace("-", "_"): c for c in choices}
+        close = (difflib.get_close_matches(value.lower().replace("-", "_"), plain, n=1,
+                                           cutoff=0.6) if isinstance(value, str) else [])
+        return (f"{value!r} is not one of {', '.join(map(repr, choices))}",
+                f'did you mean "{plain[close[0]]}"?' if close else None)
     if error.validator == "type":
         expected = error.validator_value
         return f"{value!r} is not of type {expected}", f"write {a(str(expected))} here" + (

@@ -82,6 +82,9 @@ class TrainSlice:
     # renormalised (runtime/core/nucleus.py, issue 14); a default, so slices built by hand
     # (benchmarks) keep the whole vocabulary
     top_p: float = 1.0
+    # train.transformer_impl: the actor's layer spec, auto | transformer_engine | local (the
+    # Megatron backend decides auto at start); a default for slices built by hand (benchmarks)
+    transformer_impl: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -236,9 +239,11 @@ class JobConfig:
                 overlap_cpu_optimizer_d2h_h2d=bool(optimizer.get("overlap_cpu_optimizer_d2h_h2d",
                                                                  False)),
                 precision_aware=bool(optimizer.get("precision_aware", False))),
-            train=MappingProxyType({k: train[k] for k in (
+            train=MappingProxyType({**{k: train[k] for k in (
                 "micro_batch_size", "dynamic_batch", "max_tokens_per_gpu", "routing_replay",
-                "recompute")}),
+                "recompute")},
+                # job folders compiled before the key existed have none: the schema's default
+                "transformer_impl": train.get("transformer_impl", "auto")}),
             ranks=tuple(MappingProxyType(r) for r in plan["train"]["ranks"]),
             parallel=MappingProxyType({k: plan["train"][k] for k in (
                 "tp", "pp", "cp", "ep", "etp", "dp", "edp")}),
@@ -275,7 +280,8 @@ class JobConfig:
             max_tokens_per_gpu=int(self.train["max_tokens_per_gpu"]),
             needs_ref=self.needs_ref, routing_replay=bool(self.train["routing_replay"]),
             recompute=str(self.train["recompute"]), cpu_threads=cpu_threads,
-            args=self.megatron_args, top_p=self.top_p)
+            args=self.megatron_args, top_p=self.top_p,
+            transformer_impl=str(self.train["transformer_impl"]))
 
     def engine_slice(self, index: int, cpu_threads: int,
                      bundles: tuple[int, ...] = ()) -> EngineSlice:

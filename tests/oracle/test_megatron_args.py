@@ -201,3 +201,10 @@ def test_global_batch_rule_matches_megatrons_microbatch_calculator():
                              f"rollout.batch_size={gbs}", "rollout.n_samples_per_prompt=1",
                              f"train.global_batch_size={gbs}"])
         assert ("V402" not in {d.code for d in result.diagnostics}) == megatron_ok, (gbs, mbs, dp)
+
+
+@pytest.mark.parametrize("impl", ["local", "transformer_engine"])
+def test_a_forced_layer_spec_reaches_megatrons_transformer_impl(impl):
+    result = plan(SEED, [f'train.transformer_impl="{impl}"'])
+    assert result.ok
+    assert megatron_parse(argv_of(result), result.spec.train.num_gpus).transformer_impl == impl

@@ -325,12 +325,21 @@ def precision_aware_without_offload_needs_te(spec: Spec):
     requires FusedAdam from TransformerEngine, but not found." when TE is not installed
     (megatron/core/optimizer/optimizer_config.py, 0.19.2); with cpu_offload the check is
     skipped (CPU Adam is used instead). vime's Megatron backend passes the flag on as the
-    spec writes it (runtime/backends/megatron_train.py); the compiler cannot see whether
-    the job's nodes have TE, hence a warning.
-    Fix: make sure the job's image has transformer-engine, or set precision_aware = false."""
-    opt = spec.train.optimizer
-    if opt.precision_aware and not opt.cpu_offload:
+    spec writes it (runtime/backends/megatron_train.py). With train.transformer_impl =
+    "transformer_engine" the job already needs TE on every node (the backend stops at start
+    without it), so this rule says nothing. With "auto" (TE's layer spec where it imports,
+    the local one elsewhere) or "local" (whose layers need no TE, though FusedAdam still
+    does) the compiler cannot see whether the job's nodes have TE, hence a warning.
+    Fix: set train.transformer_impl = "transformer_engine" (which silences this), or make
+    sure the job's image has transformer-engine, or set precision_aware = false."""
+    opt, impl = spec.train.optimizer, spec.train.transformer_impl
+    if opt.precision_aware and not opt.cpu_offload and impl != "transformer_engine":
+        why = ("falls back to the local layer spec where TE does not import" if impl == "auto"
+               else "needs no TE for the layers")
         yield Finding("train.optimizer.precision_aware",
                       "precision_aware = true without cpu_offload needs Transformer Engine's "
-                      "FusedAdam on every node", help="install transformer-engine in the job's "
-                      "environment, or set precision_aware = false")
+                      f'FusedAdam on every node; transformer_impl = "{impl}" {why}',
+                      help='set train.transformer_impl = "transformer_engine" to require TE on '
+                      "every node, install transformer-engine in the job's environment, or set "
+                      "precision_aware = false",
+                      related=("train.optimizer.cpu_offload", "train.transformer_impl"))

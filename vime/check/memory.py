@@ -65,7 +65,9 @@ def train_memory_fits(spec: Spec):
     activations as SequentialMLP plus one stacked copy of a layer's local fc1 weights and its
     gradient ("expert stacks"). Without Transformer Engine or Apex, megatron-core steps with
     torch's foreach AdamW, which adds 4 bytes per parameter of the larger optimizer shard for
-    the step ("optimizer step", measured on an H200; the activations are freed by then).
+    the step ("optimizer step", measured on an H200; the activations are freed by then); it is
+    charged unless train.transformer_impl = "transformer_engine", under which TE imports on
+    every node and its FusedAdam updates in place.
     At run time this is "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
     in the first training step, after the queue wait and the model load. A warning means
     less than 10% headroom: real runs vary with sequence lengths and routing imbalance.

@@ -94,6 +94,10 @@ def megatron_args(plan: Plan) -> list[list[str]]:
                  ["--recompute-num-layers", "1"]]
     elif train.recompute == "selective":
         args.append(["--recompute-granularity", "selective"])
+    # auto is decided on the training nodes at start (TE where it imports), so megatron.args
+    # says nothing: Megatron-LM would take its own default, transformer_engine
+    if train.transformer_impl != "auto":
+        args.append(["--transformer-impl", train.transformer_impl])
     load = spec.model.load or spec.model.torch_dist_checkpoint
     if load:
         args.append(["--load", load])

@@ -127,6 +127,13 @@ ADAM_STEP_CHAINED = Basis(
 
 NO_ADAM_STEP = Basis("estimate", "CPU Adam steps on the host: no device transient, not measured")
 
+TE_ADAM_STEP = Basis(
+    "estimate",
+    "train.transformer_impl = transformer_engine: megatron-core steps with Transformer Engine's "
+    "FusedAdam, which updates the parameters and moments in place (multi_tensor_adam): no "
+    "transient charged, from the code, not measured",
+    ("transformer_engine/pytorch/optimizers/fused_adam.py",))
+
 OUTSIDE_TORCH_ONE_GPU = Basis(
     "gpu",
     "memory outside torch's allocator: 2.06 GiB on every case of vime's own backend step on one "

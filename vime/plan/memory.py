@@ -293,11 +293,13 @@ def expert_stack_bytes(local_experts: float, ffn: float, hidden: int) -> float:
 
 
 # torch's AdamW, where megatron-core falls back to it (neither Transformer Engine's nor Apex's
-# FusedAdam imports: megatron/core/optimizer/__init__.py; the backend installs neither): on CUDA
-# its default foreach path (torch/optim/adam.py, _multi_tensor_adam) takes the square root of
-# every second moment of a param group into a new fp32 list, 4 bytes per parameter of the
-# group, freed when the step ends. Measured: 4.00 bytes per parameter above the resident state
-# on an H200 (docs/data/h200-megatron-memory-2026-11-29.jsonl, peak_step_gib - resident_gib).
+# FusedAdam imports: megatron/core/optimizer/__init__.py). Charged unless train.transformer_impl
+# = "transformer_engine", which makes TE import on every node; "auto" and "local" may run where
+# neither does, so they keep the conservative number. On CUDA its default foreach path
+# (torch/optim/adam.py, _multi_tensor_adam) takes the square root of every second moment of a
+# param group into a new fp32 list, 4 bytes per parameter of the group, freed when the step
+# ends. Measured: 4.00 bytes per parameter above the resident state on an H200
+# (docs/data/h200-megatron-memory-2026-11-29.jsonl, peak_step_gib - resident_gib).
 ADAM_STEP_BYTES = 4
 
 
@@ -310,6 +312,11 @@ def adam_step_transient(spec: Spec) -> float:
     par, opt, d = spec.train.parallel, spec.train.optimizer, spec.derived
     if opt.cpu_offload:
         return 0.0  # HybridDeviceOptimizer: the whole optimizer steps on the host
+    if spec.train.transformer_impl == "transformer_engine":
+        # TE imports on every node, so megatron-core steps with TE's FusedAdam, whose
+        # multi_tensor_adam updates params and moments in place: no per-parameter transient
+        # (transformer_engine/pytorch/optimizers/fused_adam.py; not measured)
+        return 0.0
     shard = actor_shard(spec)
     dense = shard.dense / (d.dp * par.cp if opt.distributed else 1)
     expert = shard.expert / (d.edp if opt.distributed else 1)
@@ -321,6 +328,8 @@ def _adam_step_basis(spec: Spec) -> Basis:
     par = spec.train.parallel
     if spec.train.optimizer.cpu_offload:
         return evidence.NO_ADAM_STEP
+    if spec.train.transformer_impl == "transformer_engine":
+        return evidence.TE_ADAM_STEP
     return evidence.ADAM_STEP_CHAINED if par.ep > 1 or par.etp != par.tp else evidence.ADAM_STEP
 
 
@@ -458,9 +467,13 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
     # the step comes after the backward has freed the terms above: it adds what it needs beyond
     step = adam_step_transient(spec)
     working = sum(t.bytes for t in backward)
-    step_note = ("CPU Adam: on the host" if opt.cpu_offload else
-                 f"foreach AdamW, {ADAM_STEP_BYTES} B per param: {step / GiB:.1f} GiB at the step, "
-                 f"less the backward's {working / GiB:.1f} freed by then")
+    if opt.cpu_offload:
+        step_note = "CPU Adam: on the host"
+    elif train.transformer_impl == "transformer_engine":
+        step_note = "TE's FusedAdam (transformer_impl = transformer_engine): updates in place"
+    else:
+        step_note = (f"foreach AdamW, {ADAM_STEP_BYTES} B per param: {step / GiB:.1f} GiB at the "
+                     f"step, less the backward's {working / GiB:.1f} freed by then")
     terms.append(Term("optimizer step", max(step - working, 0.0), step_note,
                       _adam_step_basis(spec)))
     allocated = sum(t.bytes for t in terms)
