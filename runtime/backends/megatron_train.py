@@ -55,7 +55,12 @@ from runtime.core.interfaces import TrainBatch
 from runtime.core.slices import TrainSlice
 from runtime.megatron import shards
 from runtime.megatron.mapping import MegatronView, tensor_to_hf, unfuse_experts
-from runtime.megatron.model import build_gpt, cp_slots, transformer_config
+from runtime.megatron.model import (
+    build_gpt,
+    choose_transformer_impl,
+    cp_slots,
+    transformer_config,
+)
 from runtime.megatron.routing import ReplayLayout, batch_routes, per_layer
 from vime.resolve.model import arch_from_config
 
@@ -147,19 +152,26 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         model_parallel_cuda_manual_seed(slice.model.seed)
         torch.manual_seed(slice.model.seed)
         self.arch = arch_from_config(dict(slice.model.arch))
+        self.impl, why = choose_transformer_impl(slice.transformer_impl)
+        if slice.rank == 0:
+            print(f"vime: train.transformer_impl = {slice.transformer_impl}: {self.impl} ({why})",
+                  flush=True)
         self.config = transformer_config(
             self.arch, slice.recompute, tensor_model_parallel_size=tp,
             context_parallel_size=cp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
             sequence_parallel=tp > 1, calculate_per_token_loss=True,
-            moe_enable_routing_replay=slice.routing_replay and self.arch.is_moe)
-        self.gpt = build_gpt(self.arch, self.config, self.arch.max_position_embeddings).cuda()
+            moe_enable_routing_replay=slice.routing_replay and self.arch.is_moe,
+            moe_grouped_gemm=self.impl == "transformer_engine" and self.arch.is_moe)
+        self.gpt = build_gpt(self.arch, self.config, self.arch.max_position_embeddings,
+                             impl=self.impl).cuda()
         self._load_initial_weights(slice.model)
         self.model = DistributedDataParallel(
             self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True,
                                                        use_distributed_optimizer=True),
             Float16Module(self.config, self.gpt))
         opt = slice.optimizer
-        # Without Transformer Engine or Apex, megatron-core's "adam" is torch.optim.AdamW with
+        # With Transformer Engine installed (whichever layer spec), megatron-core's "adam" is
+        # TE's FusedAdam. Without TE or Apex it is torch.optim.AdamW with
         # torch's defaults: foreach on CUDA, which holds 4 bytes per parameter of a param group
         # during the step (4.00 measured on an H200, issue 18; vime/plan/memory.py charges it as
         # "optimizer step"). Its fused path has none, but megatron-core passes no `fused` and
@@ -503,13 +515,13 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                    path / f"rng_rank{self.slice.rank}.pt")
 
     def _torch_adams(self) -> list:
-        """The inner torch optimizers whose per-parameter state holds Adam's step count (not
-        the HybridDeviceOptimizer of CPU Adam, which megatron-core restores itself)."""
-        from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
-
+        """The inner torch optimizers whose per-parameter state holds Adam's step count: torch's
+        Adam/AdamW, megatron-core's fallback without Transformer Engine or Apex. Not the
+        HybridDeviceOptimizer of CPU Adam, which megatron-core restores itself, nor TE's or
+        Apex's FusedAdam, whose one step count per param group megatron-core saves and loads."""
         inner = [o.optimizer for o in getattr(self.optimizer, "chained_optimizers",
                                               [self.optimizer])]
-        return [o for o in inner if not isinstance(o, HybridDeviceOptimizer)]
+        return [o for o in inner if type(o) in (torch.optim.Adam, torch.optim.AdamW)]
 
     def _adam_steps(self) -> list[float | None]:
         steps = []
@@ -537,12 +549,9 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         megatron-core's DistributedOptimizer.state_dict reads every state's "step" when
         neither Apex nor Transformer Engine is installed (distrib_optimizer.py, "assert
         len(steps) == 1"), and its init_state_fn leaves "step" out."""
-        from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
-
-        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            inner = optimizer.optimizer
-            if isinstance(inner, HybridDeviceOptimizer):
-                continue  # megatron-core takes a dummy step for it (load_state_dict)
+        # not CPU Adam's HybridDeviceOptimizer (megatron-core takes a dummy step for it in
+        # load_state_dict), nor a FusedAdam (megatron-core's own state init serves it)
+        for inner in self._torch_adams():
             for group in inner.param_groups:
                 for param in group["params"]:
                     if not inner.state[param]:

@@ -1,6 +1,14 @@
 """Build megatron-core's GPTModel for a Qwen3 / Qwen3-MoE architecture (vime's Arch).
 
-Uses the local layer spec (no Transformer Engine needed) with two replacements:
+Two layer specs (`choose_transformer_impl`, the spec's train.transformer_impl):
+- "transformer_engine": megatron-core's Transformer Engine spec as it is (TE attention, the
+  norms fused into the QKV and FC1 linears, TEGroupedMLP for the experts: the config needs
+  moe_grouped_gemm). Its parameter names differ (`linear_qkv.layer_norm_weight`,
+  `experts.linear_fc1.weight{i}`); runtime/megatron/shards.py gives them the local names, so
+  the HF mapping, weight export and routing replay are the same for both, and torch_dist
+  checkpoints are meant to be interchangeable (megatron-core keys the local spec's norms and
+  experts as TE's; benchmarks/gpu/te_vs_local.py loads one into the other).
+- "local" (no Transformer Engine needed), with two replacements:
 - the core attention is torch's scaled_dot_product_attention: the local DotProductAttention
   materialises the [s, s] score matrix, which no real run can afford (shared/reference/
   megatron.md, observed on H200);
@@ -10,7 +18,6 @@ Uses the local layer spec (no Transformer Engine needed) with two replacements:
   gradients over the tensor group, as it does for Transformer Engine's norms.
 and the MoE experts are runtime/megatron/grouped_experts.py's GroupedMLP (grouped GEMMs, the
 same parameters as SequentialMLP) wherever torch's grouped GEMM works: see `choose_experts`.
-With Transformer Engine installed, real runs should use the TE spec instead (issue 19, item 2).
 """
 
 from __future__ import annotations
@@ -165,6 +172,35 @@ def _pipeline_rank() -> int:
 
 
 EXPERTS_ENV = "VIME_MOE_EXPERTS"  # grouped | sequential | auto (unset: auto)
+TRANSFORMER_IMPLS = ("auto", "transformer_engine", "local")  # the spec's train.transformer_impl
+
+
+def choose_transformer_impl(requested: str = "auto") -> tuple[str, str]:
+    """("transformer_engine" | "local", why) for the layer spec: "auto" takes Transformer
+    Engine's where `transformer_engine.pytorch` imports and CUDA is there, the local spec
+    otherwise; "transformer_engine" fails at start, saying why, where it cannot run."""
+    if requested not in TRANSFORMER_IMPLS:
+        raise ValueError(f"train.transformer_impl = {requested!r}: expected one of "
+                         f"{', '.join(TRANSFORMER_IMPLS)}")
+    if requested == "local":
+        return "local", "asked for (train.transformer_impl = \"local\")"
+    reason = None
+    if not torch.cuda.is_available():
+        reason = "no CUDA device"
+    else:
+        try:
+            import transformer_engine
+            import transformer_engine.pytorch  # noqa: F401  (its CUDA libraries load here)
+        except Exception as error:  # ImportError, or OSError/RuntimeError from a library
+            reason = f"transformer_engine does not import ({type(error).__name__}: {error})"
+    if reason is None:
+        version = getattr(transformer_engine, "__version__", "?")
+        return "transformer_engine", f"transformer_engine {version} imports"
+    if requested == "transformer_engine":
+        raise RuntimeError(f"train.transformer_impl = \"transformer_engine\", but {reason} on "
+                           "this node: install transformer-engine[pytorch] in the job's "
+                           "environment, or set train.transformer_impl = \"auto\" or \"local\"")
+    return "local", reason
 
 
 def choose_experts(config, requested: str | None = None,
@@ -176,8 +212,8 @@ def choose_experts(config, requested: str | None = None,
     works on the device the model will train on (CUDA when there is one, else the CPU), and
     SequentialMLP otherwise; "sequential" forces SequentialMLP; "grouped" forces GroupedMLP
     and fails where it cannot run. An environment variable rather than a spec key: it reaches
-    the training ranks through [cluster.env] like any other, and the spec's choice of layer
-    spec (Transformer Engine or local) comes with issue 19's item 2."""
+    the training ranks through [cluster.env] like any other. Local spec only: the Transformer
+    Engine spec (train.transformer_impl) has TEGroupedMLP."""
     from runtime.megatron import grouped_experts
 
     requested = requested or os.environ.get(EXPERTS_ENV) or "auto"
@@ -203,15 +239,27 @@ def _log_once(line: str) -> None:
 
 
 def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = True,
-              post_process: bool = True, experts: str | None = None):
+              post_process: bool = True, experts: str | None = None, impl: str = "local"):
     """GPTModel with Qwen3's layout; call under an initialised megatron parallel state. A
     pipeline stage builds its own layers, with the embedding on the first stage
-    (pre_process) and the final norm and output layer on the last (post_process). `experts`:
-    see choose_experts (None: $VIME_MOE_EXPERTS, else auto); the choice is printed once, as a
-    `vime:` line."""
+    (pre_process) and the final norm and output layer on the last (post_process). `impl`:
+    "local" or "transformer_engine" (choose_transformer_impl's answer). `experts` (local spec
+    only): see choose_experts (None: $VIME_MOE_EXPERTS, else auto); the choice is printed
+    once, as a `vime:` line."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
+    if impl == "transformer_engine":
+        if arch.is_moe and not config.moe_grouped_gemm:
+            raise ValueError("the Transformer Engine spec's experts are TEGroupedMLP: build the "
+                             "config with moe_grouped_gemm=True")
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=True,
+                                          normalization="RMSNorm", pp_rank=_pipeline_rank())
+        _log_once("vime: layer spec: Transformer Engine (TE attention, fused norms"
+                  + (", TEGroupedMLP experts)" if arch.is_moe else ")"))
+        return _gpt(GPTModel, arch, config, spec, max_sequence_length, pre_process, post_process)
+    if impl != "local":
+        raise ValueError(f"impl = {impl!r}: expected local or transformer_engine")
     plain = config
     if config.sequence_parallel:  # the local spec's norms refuse it at build time
         import dataclasses
@@ -224,9 +272,15 @@ def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = 
         attention.core_attention = FlashCoreAttention
         attention.q_layernorm = attention.k_layernorm = RMSNorm
         layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    _log_once("vime: layer spec: local (torch SDPA attention, torch RMSNorm)")
     if arch.is_moe:
         _set_experts(spec, config, experts)
     spec.layer_norm = RMSNorm
+    return _gpt(GPTModel, arch, config, spec, max_sequence_length, pre_process, post_process)
+
+
+def _gpt(GPTModel, arch: Arch, config, spec, max_sequence_length: int, pre_process: bool,
+         post_process: bool):
     return GPTModel(config, spec, vocab_size=arch.vocab_size, pre_process=pre_process,
                     post_process=post_process,
                     max_sequence_length=max_sequence_length, position_embedding_type="rope",

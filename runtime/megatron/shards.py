@@ -31,6 +31,26 @@ from dataclasses import dataclass
 import torch
 
 _LOCAL_EXPERT = re.compile(r"local_experts\.(\d+)\.")
+# Transformer Engine's layer spec names some parameters its own way; pieces are named as the
+# local spec names them (runtime/megatron/model.py), so everything past this module is the same
+_TE_NAMES = (
+    (re.compile(r"self_attention\.linear_qkv\.layer_norm_weight$"), "input_layernorm.weight"),
+    (re.compile(r"mlp\.linear_fc1\.layer_norm_weight$"), "pre_mlp_layernorm.weight"),
+    (re.compile(r"mlp\.experts\.(linear_fc[12])\.weight(\d+)$"),
+     r"mlp.experts.local_experts.\2.\1.weight"),
+)
+
+
+def local_name(name: str) -> str:
+    """A parameter's name under the local layer spec (TE spec names translated; others as
+    they are). TEGroupedMLP's `weight{i}` is local expert i, as SequentialMLP's
+    `local_experts.{i}`."""
+    for pattern, local in _TE_NAMES:
+        if pattern.search(name):
+            return pattern.sub(local, name)
+    return name
+
+
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EMBEDDING = "embedding.word_embeddings.weight"
 
@@ -69,7 +89,8 @@ def pieces(gpt) -> list[Piece]:
         start, end, name = spans[at]
         if not start <= entry.data.data_ptr() < end:
             raise RuntimeError(f"{entry.key}: no parameter holds this piece")
-        name = _LAYER.sub(lambda m: f"decoder.layers.{layer_of[int(m.group(1))]}.", name)
+        name = _LAYER.sub(lambda m: f"decoder.layers.{layer_of[int(m.group(1))]}.",
+                          local_name(name))
         if name == "output_layer.weight" and entry.key == _EMBEDDING:
             # tied embeddings under pp > 1: the last stage's copy of the first stage's
             # embedding, keyed by it as a non-main replica (megatron-core's
