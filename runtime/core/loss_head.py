@@ -78,6 +78,13 @@ PLAIN_WEIGHT_GRAD_BYTES = 2
 PLAIN_HIDDEN_GRAD_BYTES = 6
 
 
+# the backward's columns per chunk are a multiple of this where they are as many: a chunk's
+# [tokens, columns] operands then have 256-byte-aligned rows in bf16. Unaligned, cuBLAS falls
+# back to slow kernels: on an H200 the 4,089 columns of 16k tokens at Qwen3's vocabulary ran in
+# sm75 cutlass kernels at ~120 TFLOP/s, 250 of the loss head's 290 ms (docs/gpu-runs.md)
+COLUMN_ALIGN = 128
+
+
 def chunk_rows(width: int, cut: bool = False) -> int:
     """Tokens per chunk for rows of `width` logits (the whole vocabulary's with top-p: `cut`)."""
     return max(1, (NUCLEUS_CHUNK_ENTRIES if cut else CHUNK_ENTRIES) // max(1, width))
@@ -250,12 +257,22 @@ class _LossHead(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
+def chunk_columns(tokens: int, part: int, rows: int) -> int:
+    """Vocabulary columns per chunk of the backward without top-p: about the forward's logits
+    per chunk (rows × part) over every token, rounded down to a multiple of COLUMN_ALIGN
+    where there are as many."""
+    columns = max(1, min(part, rows * part // max(tokens, 1)))
+    if columns >= COLUMN_ALIGN:
+        columns -= columns % COLUMN_ALIGN
+    return columns
+
+
 def _by_columns(ctx, hidden, weight, local, inside, log_total, entropies, g, g_entropy):
     """_LossHead's backward without top-p, a chunk of vocabulary columns at a time (the
     module docstring): d log-prob / dx = onehot(t) - p, d entropy / dx = -p (log p + H)."""
     temperature, _cut, _want_entropy, _group, rows, _first = ctx.options
     n, part = hidden.shape[0], weight.shape[0]
-    columns = max(1, min(part, rows * part // max(n, 1)))  # the forward's logits per chunk
+    columns = chunk_columns(n, part, rows)
     total = None
     if ctx.needs_input_grad[0]:
         total = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)

@@ -155,6 +155,34 @@ def test_default_chunks():
     assert loss_head.chunk_rows(2**30) == 1
 
 
+@pytest.mark.parametrize("tokens", [4096, 16384, 24576, 32768, 65536, 100_003])
+@pytest.mark.parametrize("part", [151936, 151936 // 2, 151936 // 8, 32768, 152064 // 4])
+def test_backward_columns_are_aligned_and_within_the_forwards_chunk(tokens, part):
+    """On an H200 the 4,089 unaligned columns of 16k tokens at Qwen3's vocabulary ran in slow
+    sm75 kernels (docs/gpu-runs.md, fourth lease): each chunk but the last is a multiple of
+    COLUMN_ALIGN, and no chunk holds more logits than a chunk of the forward."""
+    rows = loss_head.chunk_rows(part)
+    columns = loss_head.chunk_columns(tokens, part, rows)
+    assert columns % loss_head.COLUMN_ALIGN == 0 or columns == part
+    assert tokens * columns <= max(rows * part, tokens * loss_head.COLUMN_ALIGN)
+    assert columns > rows * part // tokens - loss_head.COLUMN_ALIGN
+
+
+def test_the_16k_token_chunk_that_ran_slowly_is_aligned_now():
+    assert 441 * 151936 // 16384 == 4089  # what the step of 2026-12-01's fourth lease had
+    assert loss_head.chunk_columns(16384, 151936, 441) == 3968  # 31 × 128
+
+
+def test_aligned_column_chunks_with_a_short_last_one_give_the_unchunked_gradients():
+    """COLUMN_ALIGN-wide chunks and a remainder (300 = 128 + 128 + 44 columns), fp32."""
+    hidden, weight, targets = _inputs(ties=False, n=10, hidden=16, vocab=300)
+    assert loss_head.chunk_columns(10, 300, 5) == 128
+    for entropy_coef in (0.0, 0.3):
+        got = _run(_chunked(5), hidden, weight, targets, entropy_coef, temperature=0.7)
+        want = _run(unchunked, hidden, weight, targets, entropy_coef, temperature=0.7)
+        _close(got, want, atol=2e-6, rtol=2e-6, what=entropy_coef)
+
+
 # ------------------------------------------------------------------ tensor parallel (gloo)
 
 TP = 2
