@@ -53,7 +53,7 @@ from runtime.backends.torch_train import (
 )
 from runtime.core.interfaces import TrainBatch
 from runtime.core.slices import TrainSlice
-from runtime.megatron import shards
+from runtime.megatron import shards, torch_dist
 from runtime.megatron.mapping import MegatronView, tensor_to_hf, unfuse_experts
 from runtime.megatron.model import (
     build_gpt,
@@ -241,8 +241,9 @@ class MegatronTrainingBackend(TorchTrainingBackend):
 
             # dist-checkpointing reshards the saved layout to this rank's (vime_layout.json
             # says which layout it was saved with; V705 warns at compile time when it differs)
-            state = dist_checkpointing.load(self.gpt.sharded_state_dict(),
-                                            model.torch_dist_checkpoint)
+            model_state = self.gpt.sharded_state_dict()
+            self._align_keys(model_state, model.torch_dist_checkpoint)
+            state = dist_checkpointing.load(model_state, model.torch_dist_checkpoint)
             self.gpt.load_state_dict(state, strict=False)
             return
         if model.random_init:
@@ -543,6 +544,13 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                 if "step" in state:
                     state["step"] = torch.full_like(state["step"], step)
 
+    def _align_keys(self, model_state: dict, checkpoint) -> None:
+        """Read a checkpoint of the other layer spec (runtime/megatron/torch_dist.py)."""
+        done = torch_dist.align(model_state, torch_dist.saved_keys(checkpoint))
+        if done and self.slice.rank == 0:
+            print(f"vime: {checkpoint} was saved by the other layer spec; {len(done)} keys "
+                  f"aligned, first {done[0]}", flush=True)
+
     def _fresh_adam_state(self) -> None:
         """A resumed job loads into an optimizer that has not stepped: give torch's Adam the
         state it would have after a step (zeros, step 0), which the load then overwrites.
@@ -565,6 +573,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         self._fresh_adam_state()
         with self._readable():
             model_state = self.gpt.sharded_state_dict()
+            self._align_keys(model_state, path / "torch_dist")  # before the optimizer's
             state = dist_checkpointing.load(
                 {"model": model_state, "optimizer": self.optimizer.sharded_state_dict(
                     model_state, is_loading=True, metadata=OPTIMIZER_METADATA)},

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.megatron import shards
+from runtime.megatron import shards, torch_dist
 from runtime.megatron.mapping import HF_LAYER, MegatronView, tensor_to_hf
 from runtime.megatron.model import build_gpt, transformer_config
 from vime.resolve.model import Arch, arch_from_config
@@ -206,8 +206,10 @@ def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, in
 
     _init(layout)
     model = _model(arch, layout)
+    state = model.sharded_state_dict()
+    torch_dist.align(state, torch_dist.saved_keys(dist_dir))  # saved by either layer spec
     with _cpu_checkpointing():
-        loaded = dist_checkpointing.load(model.sharded_state_dict(), str(dist_dir))
+        loaded = dist_checkpointing.load(state, str(dist_dir))
     model.load_state_dict(loaded, strict=False)
     hf: dict[str, torch.Tensor] = {}
     for bucket in shards.gather(model, 1 << 30):  # collective: every rank iterates
