@@ -222,14 +222,15 @@ def step_child(args) -> dict:
 
     arch = _arch(args.tiny, args.layers, args.tokens)
     if torch.cuda.is_available():
-        step, gpt = _backend_step(arch, args.tokens)
+        step, gpt = _backend_step(arch, args.tokens, args.impl)
     else:
         step, gpt = _plain_cpu_step(arch, args.tokens)
-    kinds = sorted({type(m).__name__ for m in gpt.modules() if hasattr(m, "local_experts")})
+    kinds = sorted({type(m).__name__ for m in gpt.modules()
+                    if type(m).__name__ in EXPERT_MODULES})
     step()  # warm-up: allocations, Adam state
     times = _timed(step, args.repeats)
     median = statistics.median(times)
-    result = {"experts": os.environ.get("VIME_MOE_EXPERTS"), "modules": kinds,
+    result = {"experts": os.environ.get("VIME_MOE_EXPERTS"), "impl": args.impl, "modules": kinds,
               "grouped": kinds == [GroupedMLP.__name__], "layers": args.layers,
               "tokens": args.tokens, "step_s": times, "median_step_s": median,
               "tokens_per_s": args.tokens / median}
@@ -237,14 +238,17 @@ def step_child(args) -> dict:
     return result
 
 
-def _backend_step(arch: dict, tokens: int):
+EXPERT_MODULES = ("SequentialMLP", "GroupedMLP", "TEGroupedMLP")
+
+
+def _backend_step(arch: dict, tokens: int, impl: str = "local"):
     import one_gpu
 
     from runtime.backends.megatron_train import MegatronTrainingBackend
     from runtime.core.interfaces import TrainBatch
 
     backend = MegatronTrainingBackend()
-    backend.init(one_gpu.train_slice(arch, tokens))
+    backend.init(one_gpu.train_slice(arch, tokens, transformer_impl=impl))
     ids = torch.randint(0, arch["vocab_size"], (tokens,)).tolist()
     batch = TrainBatch(tokens=[ids], prompt_lens=[1], advantages=[0.5],
                        old_log_probs=[[-2.0] * (tokens - 1)], step_response_tokens=tokens - 1)
@@ -309,16 +313,33 @@ def _profiled(step, arch_config: dict, tokens: int) -> dict:
             else None}
 
 
+def _transformer_engine_imports() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        return False
+    return torch.cuda.is_available()
+
+
 def step_part(args) -> dict:
+    """The step of each experts kind in its own process, alternating: SequentialMLP and
+    GroupedMLP under the local spec, then Transformer Engine's spec (TEGroupedMLP, TE
+    attention and norms) where transformer_engine imports. The speedup is grouped over
+    sequential; te's tokens/s stands beside them."""
     runs = []
+    kinds = (args.kinds.split(",") if args.kinds else
+             ["sequential", "grouped"] + (["te"] if _transformer_engine_imports() else []))
     for _ in range(args.alternations):
-        for kind in ("sequential", "grouped"):
+        for kind in kinds:
             result_file = Path(args.out).with_suffix(f".{kind}.{len(runs)}.json")
+            impl = "transformer_engine" if kind == "te" else "local"
             command = [sys.executable, __file__, "--child", "--out", str(result_file),
                        "--layers", str(args.layers), "--tokens", str(args.tokens),
-                       "--repeats", str(args.repeats)] + (["--tiny"] if args.tiny else [])
+                       "--repeats", str(args.repeats), "--impl", impl] \
+                + (["--tiny"] if args.tiny else [])
             started = time.perf_counter()
-            done = subprocess.run(command, env={**os.environ, "VIME_MOE_EXPERTS": kind},
+            env = {**os.environ, "VIME_MOE_EXPERTS": kind} if kind != "te" else dict(os.environ)
+            done = subprocess.run(command, env=env,
                                   capture_output=True, text=True)
             vime_lines = [line for line in done.stdout.splitlines() if line.startswith("vime:")]
             if done.returncode:
@@ -328,11 +349,14 @@ def step_part(args) -> dict:
                          "process_s": time.perf_counter() - started})
     out = {"runs": runs}
     ok = [r for r in runs if "error" not in r]
-    by_kind = {k: [r["tokens_per_s"] for r in ok if r["experts"] == k]
-               for k in ("sequential", "grouped")}
-    if all(by_kind.values()):
-        out["tokens_per_s"] = {k: statistics.median(v) for k, v in by_kind.items()}
+    for run in ok:
+        run["kind"] = "te" if run.get("impl") == "transformer_engine" else run["experts"]
+    by_kind = {k: [r["tokens_per_s"] for r in ok if r["kind"] == k] for k in kinds}
+    out["tokens_per_s"] = {k: statistics.median(v) for k, v in by_kind.items() if v}
+    if by_kind.get("sequential") and by_kind.get("grouped"):
         out["speedup"] = out["tokens_per_s"]["grouped"] / out["tokens_per_s"]["sequential"]
+    if by_kind.get("sequential") and by_kind.get("te"):
+        out["te_speedup"] = out["tokens_per_s"]["te"] / out["tokens_per_s"]["sequential"]
     return out
 
 
@@ -349,6 +373,9 @@ def main() -> None:
     parser.add_argument("--local-experts", help="comma list for the experts part (default: all "
                         "the experts, and an eighth of them: ep 1 and ep 8)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", default="local", help=argparse.SUPPRESS)  # the child's
+    parser.add_argument("--kinds", help="comma list of the step part's kinds: sequential, "
+                        "grouped, te (default: the first two, and te where TE imports)")
     args = parser.parse_args()
     if args.tokens is None:
         args.tokens = 256 if args.tiny else 16384

@@ -45,11 +45,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--profile", help="a folder for the kernel tables of one step of each")
+    parser.add_argument("--impl", default="local", choices=("local", "transformer_engine"),
+                        help="the layer spec (train.transformer_impl) of both loops' model")
     args = parser.parse_args()
     arch = {**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": args.layers,
             "max_position_embeddings": max(args.tokens, 4096)}
     backend = MegatronTrainingBackend()
-    backend.init(one_gpu.train_slice(arch, args.tokens))
+    backend.init(one_gpu.train_slice(arch, args.tokens, transformer_impl=args.impl))
     vocab = arch["vocab_size"]
     tokens = torch.randint(0, vocab, (args.tokens,)).tolist()
     response = args.tokens - 1
@@ -81,6 +83,7 @@ def main() -> None:
     plain_s = statistics.median(p for _, p in pairs)
     ratios = [p / b for b, p in pairs]
     result = {"layers": args.layers, "tokens": args.tokens, "device": torch.cuda.get_device_name(),
+              "impl": backend.impl,
               "repeats": args.repeats, "rounds": args.rounds,
               "backend_step_s": backend_s, "plain_step_s": plain_s,
               "backend_tokens_per_s": args.tokens / backend_s,
