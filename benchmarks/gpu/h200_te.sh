@@ -12,9 +12,14 @@
 # its needs, nvdlfw-inspect), and transformer_engine_cu13-2.20.2's 264 MiB wheel as five parts
 # .gpu/te/tNN (`split -b 56M -d -a 2`), one a call. The torch extension is C++ only (33 files);
 # the machine has nvcc 13.0 and torch 2.11.0+cu130's headers, so it is built there, in the
-# background while the parts arrive. TE goes to /tmp/te-site, apart from megatron-core in
-# /tmp/site: megatron-core takes TE's FusedAdam for every model whenever TE imports, so runs
-# that stand for a cluster without TE must not see it (`te_env` adds it for the others).
+# background while the parts arrive (2.5 min on 2026-12-01); where .gpu/te/built/ holds the
+# wheel that build made (1.7 MB, brought back then), it is used instead. TE goes to
+# /tmp/te-site, apart from megatron-core in /tmp/site: megatron-core takes TE's FusedAdam for
+# every model whenever TE imports, so runs that stand for a cluster without TE must not see it
+# (`te_env` adds it for the others); the meta wheel alone would make megatron-core's import
+# fail ("Found empty transformer-engine meta package installed"), so it goes with the rest.
+# Seen on 2026-12-01: a carried folder did not stay between calls that carried other paths,
+# so `finish` must carry the meta wheel (and .gpu/te/built) again.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/out}
@@ -37,13 +42,20 @@ build_status() {
 step=${1:?start, part or finish}
 case $step in
   start)
+    small=$(ls .gpu/te/small/*.whl | grep -v '/transformer_engine-')
+    # shellcheck disable=SC2086
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl .gpu/te/small/*.whl || exit 1
+      --target /tmp/site .whl/*.whl $small || exit 1
+    touch /tmp/site/.megatron-ok  # h200_live.sh's MEGATRON_ONLY setup: already done
     base_env
     python3 -c "import megatron.core, torch; print('megatron-core', megatron.core.__version__, 'torch', torch.__version__, torch.version.cuda)"
     command -v nvcc && nvcc --version | tail -2
     nproc
     rm -rf /tmp/tebuild && mkdir -p /tmp/tebuild /tmp/tewheel
+    if ls .gpu/te/built/transformer_engine_torch-*.whl >/dev/null 2>&1; then
+      cp .gpu/te/built/transformer_engine_torch-*.whl /tmp/tewheel/ && echo 0 > /tmp/tebuild.rc
+      echo "TE's torch extension: the wheel built on 2026-12-01"; copy_parts; exit 0
+    fi
     tar xzf .gpu/te/small/transformer_engine_torch-*.tar.gz -C /tmp/tebuild
     cat > /tmp/tebuild.sh <<'SH'
 cd /tmp/tebuild/transformer_engine_torch-* || exit 1
@@ -69,7 +81,8 @@ SH
     (cd /tmp/tewheel && echo "30063d3699e779cce63617c3458804f7a504ce8279f2749c98313db9daae273e  transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl" | sha256sum -c) || exit 1
     # one pip call: the meta wheel and the core wheel share the transformer_engine folder
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/te-site /tmp/tewheel/*.whl .gpu/te/small/transformer_engine-*.whl || exit 1
+      --target /tmp/te-site /tmp/tewheel/*.whl .gpu/te/small/transformer_engine-2.20.2-py3-none-any.whl \
+      || exit 1
     ls /tmp/tewheel
     te_env
     python3 -c "import transformer_engine, transformer_engine.pytorch as te, torch; print('transformer_engine', transformer_engine.__version__); l = te.Linear(64, 64).cuda(); print('TE Linear ok', l(torch.randn(8, 64, device='cuda')).shape)" ;;
