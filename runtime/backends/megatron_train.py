@@ -56,6 +56,7 @@ from runtime.core.slices import TrainSlice
 from runtime.megatron import shards, torch_dist
 from runtime.megatron.mapping import MegatronView, tensor_to_hf, unfuse_experts
 from runtime.megatron.model import (
+    agree_on_impl,
     build_gpt,
     choose_transformer_impl,
     cp_slots,
@@ -153,6 +154,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         torch.manual_seed(slice.model.seed)
         self.arch = arch_from_config(dict(slice.model.arch))
         self.impl, why = choose_transformer_impl(slice.transformer_impl)
+        agree_on_impl(self.impl, why)
         if slice.rank == 0:
             print(f"vime: train.transformer_impl = {slice.transformer_impl}: {self.impl} ({why})",
                   flush=True)

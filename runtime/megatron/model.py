@@ -233,6 +233,23 @@ def choose_experts(config, requested: str | None = None,
     return "sequential", reason
 
 
+def agree_on_impl(impl: str, why: str, group=None) -> None:
+    """Fail at start, on every rank, unless every rank of `group` (the default: all) chose the
+    same layer spec: "auto" decides on each node, and nodes with and without Transformer
+    Engine would build models of different parameters."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size(group) == 1:
+        return
+    every = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(every, (impl, why), group=group)
+    odd = [(rank, choice) for rank, choice in enumerate(every) if choice[0] != every[0][0]]
+    if odd:
+        rank, (other, reason) = odd[0]
+        raise RuntimeError(
+            f"the training ranks chose different layer specs: rank 0 {every[0][0]} "
+            f"({every[0][1]}), rank {rank} {other} ({reason}), {len(odd)} ranks unlike rank 0: "
+            "give every node the same environment, or set train.transformer_impl = \"local\"")
+
+
 def _log_once(line: str) -> None:
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         print(line, flush=True)

@@ -113,3 +113,41 @@ def test_adam_step_repair_leaves_other_optimizers_alone():
     backend._fresh_adam_state()
     assert all(set(s) == {"step", "exp_avg", "exp_avg_sq"} for s in adam.state.values())
     assert not other.state  # no Adam state put into it
+
+
+def _choose_on_rank(rank: int, port: int, choices, results) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=len(choices))
+    try:
+        model.agree_on_impl(*choices[rank])
+        results[rank] = "agreed"
+    except RuntimeError as error:
+        results[rank] = str(error)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["same", "mixed"])
+def test_ranks_that_chose_different_specs_all_fail_at_start(mixed):
+    """auto decides per node: a node without TE among nodes with it stops every rank."""
+    import torch.multiprocessing as mp
+    from megatroncpu import free_port
+
+    te = ("transformer_engine", "transformer_engine 2.20.2 imports")
+    local = ("local", "transformer_engine does not import (ModuleNotFoundError)")
+    choices = [te, te, local if mixed else te]
+    results = mp.Manager().dict()
+    mp.spawn(_choose_on_rank, args=(free_port(), choices, results), nprocs=3, join=True)
+    if not mixed:
+        assert dict(results) == {0: "agreed", 1: "agreed", 2: "agreed"}
+        return
+    assert len(results) == 3
+    for message in results.values():
+        assert message.startswith("the training ranks chose different layer specs: rank 0 "
+                                  "transformer_engine (transformer_engine 2.20.2 imports), "
+                                  "rank 2 local (transformer_engine does not import")
+        assert 'train.transformer_impl = "local"' in message
