@@ -7,7 +7,9 @@ of CUDA."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import warnings
 
 import torch
 
@@ -27,6 +29,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def single_rank_parallel_state():
+    """megatron-core's parallel state for this process alone (gloo, every size 1), set up once
+    per process: a module's fixture for in-process CPU tests."""
+    from megatron.core import parallel_state
+
+    warnings.simplefilter("ignore")
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(free_port())
+        torch.distributed.init_process_group("gloo", world_size=1, rank=0)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    return parallel_state
 
 
 class NoStream:

@@ -21,26 +21,17 @@ import json
 import tempfile
 
 import torch
+from hf_vs_megatron import CONFIG as HF_CONFIG
+from hf_vs_megatron import token_logprobs
 
 from runtime.megatron import shards
 from runtime.megatron.mapping import hf_to_megatron, unfuse_experts
 from runtime.megatron.model import build_gpt, choose_transformer_impl, transformer_config
 from vime.resolve.model import arch_from_config
 
-CONFIG = {
-    "model_type": "qwen3_moe", "num_hidden_layers": 3, "hidden_size": 1024,
-    "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 32768,
-    "intermediate_size": 2048, "moe_intermediate_size": 512, "num_experts": 8,
-    "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0],
-    "tie_word_embeddings": False, "max_position_embeddings": 4096, "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6, "norm_topk_prob": True,
-}
+# hf_vs_megatron.py's random Qwen3-MoE (its first layer dense) with three layers
+CONFIG = {**HF_CONFIG, "num_hidden_layers": 3}
 IMPLS = ("local", "transformer_engine")
-
-
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor) -> dict:

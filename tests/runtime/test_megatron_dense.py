@@ -10,15 +10,12 @@ although a dense model has no dispatcher at all.
 
 from __future__ import annotations
 
-import os
-import warnings
-
 import pytest
 
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
-from megatroncpu import free_port  # noqa: E402
+from megatroncpu import single_rank_parallel_state  # noqa: E402
 
 from vime.resolve.model import arch_from_config  # noqa: E402
 
@@ -32,16 +29,7 @@ DENSE = {
 
 @pytest.fixture(scope="module")
 def parallel_state():
-    from megatron.core import parallel_state
-
-    warnings.simplefilter("ignore")
-    if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(free_port())
-        torch.distributed.init_process_group("gloo", world_size=1, rank=0)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    return parallel_state
+    return single_rank_parallel_state()
 
 
 def test_dense_config_is_accepted_with_the_backends_arguments():

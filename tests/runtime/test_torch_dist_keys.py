@@ -9,16 +9,13 @@ pre-MLP norm keyed `pre_mlp_layernorm.weight` where the local spec saves
 
 from __future__ import annotations
 
-import os
-import warnings
-
 import pytest
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("psutil")  # megatron-core's checkpoint writer starts its workers with it
 
 import torch  # noqa: E402
-from megatroncpu import TINY_MOE, free_port  # noqa: E402
+from megatroncpu import TINY_MOE, single_rank_parallel_state  # noqa: E402
 
 from runtime.megatron import torch_dist  # noqa: E402
 from vime.resolve.model import arch_from_config  # noqa: E402
@@ -29,16 +26,7 @@ TE_MOE_NORM = "decoder.layers.1.pre_mlp_layernorm.weight"
 
 @pytest.fixture(scope="module")
 def parallel_state():
-    from megatron.core import parallel_state
-
-    warnings.simplefilter("ignore")
-    if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(free_port())
-        torch.distributed.init_process_group("gloo", world_size=1, rank=0)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    return parallel_state
+    return single_rank_parallel_state()
 
 
 def _model(seed: int):
