@@ -5,9 +5,9 @@ Two layer specs (`choose_transformer_impl`, the spec's train.transformer_impl):
   norms fused into the QKV and FC1 linears, TEGroupedMLP for the experts: the config needs
   moe_grouped_gemm). Its parameter names differ (`linear_qkv.layer_norm_weight`,
   `experts.linear_fc1.weight{i}`); runtime/megatron/shards.py gives them the local names, so
-  the HF mapping, weight export and routing replay are the same for both, and torch_dist
-  checkpoints are meant to be interchangeable (megatron-core keys the local spec's norms and
-  experts as TE's; benchmarks/gpu/te_vs_local.py loads one into the other).
+  the HF mapping, weight export and routing replay are the same for both. megatron-core keys
+  torch_dist checkpoints of the two alike but for an MoE layer's pre-MLP norm, which
+  runtime/megatron/torch_dist.py aligns on load.
 - "local" (no Transformer Engine needed), with two replacements:
 - the core attention is torch's scaled_dot_product_attention: the local DotProductAttention
   materialises the [s, s] score matrix, which no real run can afford (shared/reference/
