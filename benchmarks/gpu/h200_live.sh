@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu/h200_live.sh startup   # issue 18: a Qwen3-30B-A3B-shaped engine's start-up
 #                                              # log (weights, activations, graphs, KV cache)
 #
+# Transformer Engine's install and its runs (issue 19 item 2) are benchmarks/gpu/h200_te.sh's.
+#
 # What the machine lacks travels as carried files (device README): vLLM 0.26.0 in the seven
 # parts of ../shared/gpu/vllm-bundle.sh (.gpu/vllm/pNN), Ray's wheel in two parts
 # (.gpu/ray/rNN: `split -b 37M` of ray-2.55.1-cp312-cp312-manylinux2014_x86_64.whl), and

@@ -92,6 +92,10 @@ SH
       > "$out/te-vs-local.log" 2>&1
     echo "te_vs_local: exit $?"; grep -E '"ok"|_bitwise|close|uses_every|same_names|"max"' "$out/te-vs-local.log" | head -20
     tail -5 "$out/te-vs-local.log"
+    # fp32: routing ties rare, so the gradients compare tensor by tensor
+    timeout -k 5 "${LIMIT_CHECK:-150}" python3 benchmarks/gpu/te_vs_local.py --fp32 \
+      --out "$out/te-vs-local-fp32.json" > "$out/te-vs-local-fp32.log" 2>&1
+    echo "te_vs_local --fp32: exit $?"; grep -E '"ok"|close|"median"' "$out/te-vs-local-fp32.log" | head
     timeout -k 5 "${LIMIT_STEP:-200}" python3 benchmarks/gpu/grouped_experts_bench.py --parts step --kinds te \
       --alternations "${ALTERNATIONS:-2}" --out "$out/te-step.json" > "$out/te-step.log" 2>&1
     echo "te step: exit $?"; grep -E '"tokens_per_s"|median_step_s|gpu_busy_share|error' "$out/te-step.json" | head
