@@ -23,6 +23,19 @@ def test_plan_text_fits_100_columns(capsys):
         assert max(len(line) for line in out.splitlines()) <= 100, spec.name
 
 
+@pytest.mark.parametrize(("value", "said"), [
+    (None, "  layer spec: auto (Transformer Engine where it imports on the nodes, else local)\n"
+           "              (from default: 'auto')"),
+    ("local", "  layer spec: local (torch SDPA attention, grouped-GEMM experts) (from set "),
+    ("transformer_engine", "  layer spec: Transformer Engine (TE attention, fused norms, "
+                           "TEGroupedMLP) (from set "),
+])
+def test_plan_text_names_the_actors_layer_spec(capsys, value, said):
+    sets = ["--set", f'train.transformer_impl="{value}"'] if value else []
+    assert main(["plan", SPEC, *sets]) == 0
+    assert said in capsys.readouterr().out
+
+
 def test_plan_json_has_the_contract_keys(capsys):
     assert main(["plan", SPEC, "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)

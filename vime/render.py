@@ -12,6 +12,14 @@ from vime.words import count_unit, plural
 WIDTH = 100
 
 
+# train.transformer_impl as the plan says it (runtime/megatron/model.py decides auto at start)
+_LAYER_SPEC = {
+    "auto": "auto (Transformer Engine where it imports on the nodes, else local)",
+    "transformer_engine": "Transformer Engine (TE attention, fused norms, TEGroupedMLP)",
+    "local": "local (torch SDPA attention, grouped-GEMM experts)",
+}
+
+
 def human(diag: Diagnostic) -> str:
     lines = [f"{diag.severity}[{diag.code}]: {diag.message}"]
     loc = diag.location
@@ -190,6 +198,11 @@ def plan_text(plan: Plan) -> str:
             f"  dense:  tp {layout.tp}{sp}, cp {layout.cp}, pp {layout.pp}, dp {layout.dp} = {why_dp}",
             f"  expert: ep {layout.ep}, etp {layout.etp}, edp {layout.edp} = {why_edp}"]
     out += [_groups_line(name, flat, size) for name, (flat, size) in layout.members().items()]
+    if spec.train.backend == "megatron":
+        line = f"  layer spec: {_LAYER_SPEC[spec.train.transformer_impl]}"
+        origin = f"(from {spec.origin('train.transformer_impl').describe()})"
+        out += ([f"{line} {origin}"] if len(line) + len(origin) < 100
+                else [line, f"              {origin}"])
     rollout = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
     out += ["", f"{rollout} rollout: {plural(len(plan.engines), 'engine')} of "
             f"{plural(spec.inference.gpus_per_engine, 'GPU')}"]
