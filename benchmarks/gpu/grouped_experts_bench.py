@@ -313,22 +313,17 @@ def _profiled(step, arch_config: dict, tokens: int) -> dict:
             else None}
 
 
-def _transformer_engine_imports() -> bool:
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception:
-        return False
-    return torch.cuda.is_available()
-
-
 def step_part(args) -> dict:
     """The step of each experts kind in its own process, alternating: SequentialMLP and
     GroupedMLP under the local spec, then Transformer Engine's spec (TEGroupedMLP, TE
     attention and norms) where transformer_engine imports. The speedup is grouped over
     sequential; te's tokens/s stands beside them."""
+    from runtime.megatron.model import choose_transformer_impl
+
     runs = []
-    kinds = (args.kinds.split(",") if args.kinds else
-             ["sequential", "grouped"] + (["te"] if _transformer_engine_imports() else []))
+    kinds = args.kinds.split(",") if args.kinds else ["sequential", "grouped"]
+    if not args.kinds and choose_transformer_impl("auto")[0] == "transformer_engine":
+        kinds.append("te")
     for _ in range(args.alternations):
         for kind in kinds:
             result_file = Path(args.out).with_suffix(f".{kind}.{len(runs)}.json")

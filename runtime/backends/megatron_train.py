@@ -548,7 +548,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
 
     def _align_keys(self, model_state: dict, checkpoint) -> None:
         """Read a checkpoint of the other layer spec (runtime/megatron/torch_dist.py)."""
-        done = torch_dist.align(model_state, torch_dist.saved_keys(checkpoint))
+        done = torch_dist.align(model_state, checkpoint)
         if done and self.slice.rank == 0:
             print(f"vime: {checkpoint} was saved by the other layer spec; {len(done)} keys "
                   f"aligned, first {done[0]}", flush=True)

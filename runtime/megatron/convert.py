@@ -207,7 +207,7 @@ def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, in
     _init(layout)
     model = _model(arch, layout)
     state = model.sharded_state_dict()
-    torch_dist.align(state, torch_dist.saved_keys(dist_dir))  # saved by either layer spec
+    torch_dist.align(state, dist_dir)  # saved by either layer spec
     with _cpu_checkpointing():
         loaded = dist_checkpointing.load(state, str(dist_dir))
     model.load_state_dict(loaded, strict=False)

@@ -22,7 +22,7 @@ ALIASES = ((".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"),)
 EXTRA_STATE = "_extra_state"
 
 
-def saved_keys(checkpoint_dir) -> set[str]:
+def _saved_keys(checkpoint_dir) -> set[str]:
     """The keys of the tensors and objects a torch_dist checkpoint holds (an object's key
     without its `/shard_…` suffix)."""
     from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
@@ -30,11 +30,13 @@ def saved_keys(checkpoint_dir) -> set[str]:
     return {key.split("/shard_")[0] for key in load_sharded_metadata(str(checkpoint_dir))}
 
 
-def align(sharded_state_dict: dict, saved: set[str]) -> list[str]:
-    """Rename and leave out, in place, as the module docstring says; returns what it did, a
-    line each (empty when the checkpoint was written by the same spec)."""
+def align(sharded_state_dict: dict, checkpoint_dir) -> list[str]:
+    """Rename and leave out, in place, as the module docstring says, for the torch_dist
+    checkpoint in checkpoint_dir; returns what it did, a line each (empty when the checkpoint
+    was written by the same spec)."""
     from megatron.core.dist_checkpointing.mapping import ShardedBase, ShardedObject
 
+    saved = _saved_keys(checkpoint_dir)
     done: list[str] = []
 
     def visit(node: dict) -> None:

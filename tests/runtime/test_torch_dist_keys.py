@@ -87,7 +87,7 @@ def test_a_local_checkpoint_loads_into_the_te_keys(parallel_state, tmp_path):
     state = _te_keyed(target)
     with pytest.raises(BaseException, match="pre_mlp_layernorm.weight from model not in"):
         _load(_te_keyed(_model(3)), tmp_path / "local")  # what the H200 hit
-    done = torch_dist.align(state, torch_dist.saved_keys(tmp_path / "local"))
+    done = torch_dist.align(state, tmp_path / "local")
     assert done == [f"{TE_MOE_NORM}: read from {LOCAL_MOE_NORM}",
                     "decoder.layers.1.self_attention.core_attention._extra_state: not in the "
                     "checkpoint, left out"]
@@ -101,7 +101,7 @@ def test_a_te_checkpoint_loads_into_the_local_keys(parallel_state, tmp_path):
     _save(_te_keyed(source), tmp_path / "te")
     target = _model(5)
     state = target.sharded_state_dict()
-    done = torch_dist.align(state, torch_dist.saved_keys(tmp_path / "te"))
+    done = torch_dist.align(state, tmp_path / "te")
     assert done == [f"{LOCAL_MOE_NORM}: read from {TE_MOE_NORM}"]
     target.load_state_dict(_load(state, tmp_path / "te"), strict=False)
     want, got = _weights(source), _weights(target)
@@ -111,5 +111,4 @@ def test_a_te_checkpoint_loads_into_the_local_keys(parallel_state, tmp_path):
 def test_the_same_spec_needs_nothing(parallel_state, tmp_path):
     source = _model(6)
     _save(source.sharded_state_dict(), tmp_path / "same")
-    assert torch_dist.align(_model(7).sharded_state_dict(),
-                            torch_dist.saved_keys(tmp_path / "same")) == []
+    assert torch_dist.align(_model(7).sharded_state_dict(), tmp_path / "same") == []
