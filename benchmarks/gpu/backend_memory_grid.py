@@ -127,6 +127,13 @@ def run_case(case: dict, load_weights: bool) -> dict:
     # how the loss head's backward ran (benchmarks/memory_validation.py plans the same)
     out: dict = {"phase": "build", "loss_head_backward": "by-columns"
                  if hasattr(loss_head, "PLAIN_WEIGHT_GRAD_BYTES") else "by-tokens"}
+    try:  # whether the head's element-wise work ran in runtime/core/fused_head.py's kernels
+        from runtime.core import fused_head
+
+        out["loss_head_kernels"] = "triton" if fused_head.usable(torch.zeros(1).cuda()) \
+            else "eager"
+    except ImportError:
+        out["loss_head_kernels"] = "eager"
     started = time.perf_counter()
     try:
         backend = Backend()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -22,6 +23,7 @@ import one_gpu
 import torch
 
 from runtime.backends.megatron_train import MegatronTrainingBackend
+from runtime.core import fused_head
 from runtime.core.interfaces import TrainBatch
 from vime.resolve.model import PRESETS
 
@@ -45,6 +47,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--profile", help="a folder for the kernel tables of one step of each")
+    parser.add_argument("--eager-head", action="store_true",
+                        help="each round also times the backend with VIME_LOSS_HEAD=eager (the "
+                        "loss head's chunks without runtime/core/fused_head.py's kernels)")
     parser.add_argument("--impl", default="local", choices=("local", "transformer_engine"),
                         help="the layer spec (train.transformer_impl) of both loops' model")
     args = parser.parse_args()
@@ -76,9 +81,22 @@ def main() -> None:
         backend.model.finish_grad_sync()
         backend.optimizer.step()
 
+    def eager_step():
+        os.environ["VIME_LOSS_HEAD"] = "eager"
+        try:
+            backend.train_step(batch)
+        finally:
+            os.environ.pop("VIME_LOSS_HEAD")
+
     backend_step(), plain_step()  # warm-up
-    pairs = [(timed(backend_step, args.repeats, False), timed(plain_step, args.repeats, False))
-             for _ in range(args.rounds)]
+    if args.eager_head:
+        eager_step()
+    pairs, eager = [], []
+    for _ in range(args.rounds):
+        pairs.append((timed(backend_step, args.repeats, False),
+                      timed(plain_step, args.repeats, False)))
+        if args.eager_head:
+            eager.append(timed(eager_step, args.repeats, False))
     backend_s = statistics.median(b for b, _ in pairs)
     plain_s = statistics.median(p for _, p in pairs)
     ratios = [p / b for b, p in pairs]
@@ -88,7 +106,14 @@ def main() -> None:
               "backend_step_s": backend_s, "plain_step_s": plain_s,
               "backend_tokens_per_s": args.tokens / backend_s,
               "plain_tokens_per_s": args.tokens / plain_s,
-              "ratio": statistics.median(ratios), "ratio_per_round": ratios}
+              "ratio": statistics.median(ratios), "ratio_per_round": ratios,
+              "fused_head": fused_head.usable(torch.zeros(1, device="cuda"))}
+    if eager:
+        eager_ratios = [p / e for (_, p), e in zip(pairs, eager, strict=True)]
+        result.update(eager_step_s=statistics.median(eager),
+                      eager_tokens_per_s=args.tokens / statistics.median(eager),
+                      eager_ratio=statistics.median(eager_ratios),
+                      eager_ratio_per_round=eager_ratios)
     if args.profile:
         from pathlib import Path
 

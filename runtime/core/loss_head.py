@@ -55,7 +55,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from runtime.core import nucleus
+from runtime.core import fused_head, nucleus
 
 # logits entries per chunk: 64 Mi without top-p (441 tokens of a 151,936-entry vocabulary,
 # 0.25 GiB per fp32 [rows, vocab] temporary), 16 Mi with it (110 tokens: its sort holds more)
@@ -121,6 +121,22 @@ def _all_columns(x: torch.Tensor, group) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
+def _global_stats(stats: torch.Tensor, inside: torch.Tensor, tp: int, group):
+    """(peak [rows, 1], sums [3, rows] to all-reduce) from fused_head.row_stats' per-rank
+    numbers: the max over the group, and this rank's sums rescaled to it (the eager loop's
+    peak and sums)."""
+    if tp == 1:  # the target's shifted logit is 0 already where the row has none
+        return stats[0].unsqueeze(-1), stats[1:]
+    peak = stats[0].clone()
+    if tp > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    step = stats[0] - peak  # 0 on the rank with the max
+    scale = step.exp()
+    sums = torch.stack([stats[1] * scale, (stats[2] + step) * inside,
+                        scale * (stats[3] + step * stats[1])])
+    return peak.unsqueeze(-1), sums
+
+
 class _LossHead(torch.autograd.Function):
     """hidden [N, h], weight [V / tp, h], targets [N] -> (log-probs [N], entropies [N]), fp32;
     `rows` tokens at a time forward and backward, saving the inputs and per-token numbers."""
@@ -140,9 +156,22 @@ class _LossHead(torch.autograd.Function):
         if cut:
             normaliser, threshold, share = (torch.empty(n, **f32) for _ in range(3))
             outside = torch.empty(n, dtype=torch.bool, device=hidden.device)
+        fused = not cut and fused_head.usable(hidden)
+        if fused:  # each token's column in this rank's part, -1 where another rank has it
+            columns = torch.where(inside, local.squeeze(-1), -1)
         for start in range(0, n, rows):
             span = slice(start, start + rows)
-            x = _scaled_logits(hidden[span], weight, temperature)
+            if fused:
+                try:
+                    stats = fused_head.row_stats(hidden[span] @ weight.t(), temperature,
+                                                 columns[span], want_entropy)
+                except Exception as error:  # noqa: BLE001 - a node's Triton build: eager instead
+                    fused_head.failed(error)
+                    fused = False
+            if fused:
+                peak, sums = _global_stats(stats, inside[span], tp, group)
+            else:
+                x = _scaled_logits(hidden[span], weight, temperature)
             if cut:
                 whole = _all_columns(x, group) if tp > 1 else x
                 del x
@@ -168,17 +197,18 @@ class _LossHead(torch.autograd.Function):
                     entropies[span] = total.log() - e.mul_(shifted).sum(dim=-1) / total
                 del whole, shifted, e
                 continue
-            peak = x.amax(dim=-1, keepdim=True)
-            if tp > 1:
-                dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-            shifted = x.sub_(peak)
-            e = shifted.exp()
-            sums = [e.sum(dim=-1),
-                    shifted.gather(-1, local[span]).squeeze(-1) * inside[span]]
-            if want_entropy:
-                sums.append(e.mul_(shifted).sum(dim=-1))
-            del x, shifted, e
-            sums = torch.stack(sums)
+            if not fused:
+                peak = x.amax(dim=-1, keepdim=True)
+                if tp > 1:
+                    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+                shifted = x.sub_(peak)
+                e = shifted.exp()
+                sums = [e.sum(dim=-1),
+                        shifted.gather(-1, local[span]).squeeze(-1) * inside[span]]
+                if want_entropy:
+                    sums.append(e.mul_(shifted).sum(dim=-1))
+                del x, shifted, e
+                sums = torch.stack(sums)
             if tp > 1:
                 dist.all_reduce(sums, group=group)
             log_sum = sums[0].log()
@@ -277,26 +307,23 @@ def _by_columns(ctx, hidden, weight, local, inside, log_total, entropies, g, g_e
     if ctx.needs_input_grad[0]:
         total = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     grad_weight = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+    fused = fused_head.usable(hidden)
+    if fused:  # fp32 [N] and contiguous, as the kernel reads them; -1: the target is elsewhere
+        g, g_entropy = (t.float().contiguous() if t is not None else None for t in (g, g_entropy))
+        target_columns = torch.where(inside, local, -1)
     for start in range(0, part, columns):
         end = min(start + columns, part)
         piece = weight[start:end]
-        log_p = _scaled_logits(hidden, piece, temperature).sub_(log_total[:, None])
-        if g_entropy is not None:  # p (g_H (log p + H) + g)
-            grad = log_p.exp()  # p
-            coefficient = log_p.add_(entropies[:, None]).mul_(g_entropy[:, None])
-            grad.mul_(coefficient.add_(g[:, None]) if g is not None else coefficient)
-            del coefficient
-        else:
-            grad = log_p.exp_().mul_(g[:, None])
-        del log_p
-        grad.neg_()
-        if g is not None:  # the targets in these columns
-            here = inside & (local >= start) & (local < end)
-            grad.scatter_add_(-1, (local - start).clamp(0, end - start - 1).unsqueeze(-1),
-                              (g * here).unsqueeze(-1))
-        if temperature != 1.0:
-            grad.div_(temperature)
-        grad = grad.to(weight.dtype)
+        if fused:
+            try:
+                grad = fused_head.grad_in_place(hidden @ piece.t(), start, temperature, log_total,
+                                                g, g_entropy, entropies, target_columns)
+            except Exception as error:  # noqa: BLE001 - a node's Triton build: eager instead
+                fused_head.failed(error)
+                fused = False
+        if not fused:
+            grad = _eager_grad(hidden, piece, start, temperature, log_total, entropies, local,
+                               inside, g, g_entropy)
         if total is not None:
             total.add_(grad @ piece)
         if grad_weight is not None:
@@ -304,3 +331,27 @@ def _by_columns(ctx, hidden, weight, local, inside, log_total, entropies, g, g_e
         del grad
     grad_hidden = total.to(hidden.dtype) if total is not None else None
     return grad_hidden, grad_weight, None, None, None, None, None, None
+
+
+def _eager_grad(hidden, piece, start, temperature, log_total, entropies, local, inside, g,
+                g_entropy):
+    """The loss's gradient by the logits of the columns start.. (`piece` of the weight) in
+    the weight's dtype, by torch's element-wise kernels (fused_head's where it runs)."""
+    end = start + piece.shape[0]
+    log_p = _scaled_logits(hidden, piece, temperature).sub_(log_total[:, None])
+    if g_entropy is not None:  # p (g_H (log p + H) + g)
+        grad = log_p.exp()  # p
+        coefficient = log_p.add_(entropies[:, None]).mul_(g_entropy[:, None])
+        grad.mul_(coefficient.add_(g[:, None]) if g is not None else coefficient)
+        del coefficient
+    else:
+        grad = log_p.exp_().mul_(g[:, None])
+    del log_p
+    grad.neg_()
+    if g is not None:  # the targets in these columns
+        here = inside & (local >= start) & (local < end)
+        grad.scatter_add_(-1, (local - start).clamp(0, end - start - 1).unsqueeze(-1),
+                          (g * here).unsqueeze(-1))
+    if temperature != 1.0:
+        grad.div_(temperature)
+    return grad.to(piece.dtype)
