@@ -107,7 +107,9 @@ def main() -> None:
               "backend_tokens_per_s": args.tokens / backend_s,
               "plain_tokens_per_s": args.tokens / plain_s,
               "ratio": statistics.median(ratios), "ratio_per_round": ratios,
-              "fused_head": fused_head.usable(torch.zeros(1, device="cuda"))}
+              "fused_head": fused_head.usable(torch.zeros(1, device="cuda")),
+              "adam": sorted({"fused" if g.get("fused") else "foreach"
+                              for inner in backend._torch_adams() for g in inner.param_groups})}
     if eager:
         eager_ratios = [p / e for (_, p), e in zip(pairs, eager, strict=True)]
         result.update(eager_step_s=statistics.median(eager),

@@ -173,13 +173,11 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             Float16Module(self.config, self.gpt))
         opt = slice.optimizer
         # With Transformer Engine installed (whichever layer spec), megatron-core's "adam" is
-        # TE's FusedAdam. Without TE or Apex it is torch.optim.AdamW with
-        # torch's defaults: foreach on CUDA, which holds 4 bytes per parameter of a param group
-        # during the step (4.00 measured on an H200, issue 18; vime/plan/memory.py charges it as
-        # "optimizer step"). Its fused path has none, but megatron-core passes no `fused` and
-        # this backend's step-count restore (_fresh_adam_state, _restore_adam_steps) keeps the
-        # steps on the host, where the fused kernel wants them on the device: not switched
-        # without a GPU run to check both.
+        # TE's FusedAdam. Without TE or Apex it is torch.optim.AdamW, which megatron-core builds
+        # without `fused`: torch's foreach path then, several passes over every parameter and
+        # moment (67 ms of a 4-layer Qwen3-30B-A3B slice's 326 ms of GPU work on an H200,
+        # docs/gpu-runs.md) and 4 bytes per parameter held during the step (measured, issue 18).
+        # _fuse_adam switches it to torch's fused kernel, one pass.
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=opt.lr, weight_decay=opt.weight_decay,
                             adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2,
@@ -187,6 +185,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                             params_dtype=torch.bfloat16, use_distributed_optimizer=True,
                             **_optimizer_options(opt)),
             [self.model])
+        self._fuse_adam()
         self.params = dict(self.gpt.named_parameters())
         self.ref = ({n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}
                     if slice.needs_ref else None)
@@ -526,6 +525,28 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                                               [self.optimizer])]
         return [o for o in inner if type(o) in (torch.optim.Adam, torch.optim.AdamW)]
 
+    def _fuse_adam(self) -> None:
+        """torch's fused Adam kernel (`fused=True`, read per param group at every step) for the
+        inner torch Adams whose parameters are all fp32 on the GPU, unless VIME_ADAM=foreach.
+        Its step counts live on the device: _fresh_adam_state and _restore_adam_steps put them
+        there."""
+        import os
+
+        if os.environ.get("VIME_ADAM", "") == "foreach":
+            return
+        for inner in self._torch_adams():
+            params = [p for group in inner.param_groups for p in group["params"]]
+            if params and all(p.is_cuda and p.dtype == torch.float32 for p in params):
+                for group in inner.param_groups:
+                    group["fused"], group["foreach"] = True, False
+
+    @staticmethod
+    def _step_devices(inner) -> dict:
+        """Where torch's Adam wants each parameter's step count (by id): its device when the
+        parameter's group is fused, else the host."""
+        return {id(p): p.device if group.get("fused") else torch.device("cpu")
+                for group in inner.param_groups for p in group["params"]}
+
     def _adam_steps(self) -> list[float | None]:
         steps = []
         for inner in self._torch_adams():
@@ -540,11 +561,12 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         1 to that one tensor once per parameter at every step, so the bias corrections of a
         resumed run differ from the uninterrupted run's (docs/gpu-runs.md, third session)."""
         for inner, step in zip(self._torch_adams(), steps, strict=True):
-            if step is None:
-                continue
-            for state in inner.state.values():
+            devices = self._step_devices(inner)
+            for param, state in inner.state.items():
                 if "step" in state:
-                    state["step"] = torch.full_like(state["step"], step)
+                    count = float(state["step"]) if step is None else step
+                    state["step"] = torch.tensor(count, dtype=torch.float32,
+                                                 device=devices[id(param)])
 
     def _align_keys(self, model_state: dict, checkpoint) -> None:
         """Read a checkpoint of the other layer spec (runtime/megatron/torch_dist.py)."""
@@ -563,9 +585,10 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         # load_state_dict), nor a FusedAdam (megatron-core's own state init serves it)
         for inner in self._torch_adams():
             for group in inner.param_groups:
+                where = group["params"][0].device if group.get("fused") else "cpu"
                 for param in group["params"]:
                     if not inner.state[param]:
-                        inner.state[param] = {"step": torch.tensor(0.0),
+                        inner.state[param] = {"step": torch.tensor(0.0, device=where),
                                               "exp_avg": torch.zeros_like(param.data),
                                               "exp_avg_sq": torch.zeros_like(param.data)}
 
@@ -583,7 +606,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             self.gpt.load_state_dict(state["model"], strict=False)
             self.optimizer.load_state_dict(state["optimizer"])
         rng = torch.load(path / f"rng_rank{self.slice.rank}.pt", weights_only=False)
-        if "adam_steps" in rng:
-            self._restore_adam_steps(rng["adam_steps"])
+        # without saved counts (a checkpoint from before they were saved) each parameter still
+        # gets its own step tensor, where its Adam wants it
+        self._restore_adam_steps(rng.get("adam_steps") or [None] * len(self._torch_adams()))
         torch.set_rng_state(rng["torch"])
         torch.cuda.set_rng_state_all(rng["cuda"])

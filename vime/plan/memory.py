@@ -299,7 +299,10 @@ def expert_stack_bytes(local_experts: float, ffn: float, hidden: int) -> float:
 # (torch/optim/adam.py, _multi_tensor_adam) takes the square root of every second moment of a
 # param group into a new fp32 list, 4 bytes per parameter of the group, freed when the step
 # ends. Measured: 4.00 bytes per parameter above the resident state on an H200
-# (docs/data/h200-megatron-memory-2026-11-29.jsonl, peak_step_gib - resident_gib).
+# (docs/data/h200-megatron-memory-2026-11-29.jsonl, peak_step_gib - resident_gib). vime's
+# Megatron backend switches that AdamW to torch's fused kernel on the GPU (megatron_train.py,
+# _fuse_adam; VIME_ADAM=foreach keeps foreach), which updates in place: still charged, as an
+# upper bound, until its step's peak is measured.
 ADAM_STEP_BYTES = 4
 
 
@@ -472,8 +475,9 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
     elif train.transformer_impl == "transformer_engine":
         step_note = "TE's FusedAdam (transformer_impl = transformer_engine): updates in place"
     else:
-        step_note = (f"foreach AdamW, {ADAM_STEP_BYTES} B per param: {step / GiB:.1f} GiB at the "
-                     f"step, less the backward's {working / GiB:.1f} freed by then")
+        step_note = (f"AdamW as foreach, {ADAM_STEP_BYTES} B per param: {step / GiB:.1f} GiB at "
+                     f"the step, less the backward's {working / GiB:.1f} freed by then; the "
+                     "backend's fused AdamW holds none by its code (not measured)")
     terms.append(Term("optimizer step", max(step - working, 0.0), step_note,
                       _adam_step_basis(spec)))
     allocated = sum(t.bytes for t in terms)
