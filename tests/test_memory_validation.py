@@ -104,11 +104,13 @@ def test_quoted_static_state_and_adam_step_are_the_measurements():
 # The predictions are made here from the planner as it is (not pinned), so a change of the
 # memory model is checked against the measurements of docs/memory-validation.md's grid table.
 
-# the third lease's 12 cases (the loss head's backward by tokens), and the fourth lease's 4 of
-# them again on the backward by vocabulary columns (93b79b3), without Transformer Engine
+# the third lease's 12 cases (the loss head's backward by tokens), the fourth lease's 4 of
+# them again on the backward by vocabulary columns (93b79b3), without Transformer Engine, and
+# the fifth lease's same 4 with the head's Triton kernels (runtime/core/fused_head.py)
 GRIDS = [ROOT / "docs" / "data" / name for name in (
     "h200-backend-memory-grid-2026-12-01.jsonl",
-    "h200-backend-memory-grid-2026-12-01-fourth.jsonl")]
+    "h200-backend-memory-grid-2026-12-01-fourth.jsonl",
+    "h200-backend-memory-grid-2026-12-02-fused.jsonl")]
 GRID_BOUND = 0.10  # issue 18: vime's peaks within 10% of the measured ones
 # Verdicts vime gets wrong on the grid, by case: what vime says and what happened. The one here
 # ran at 137.6 GiB reserved + 2.06 outside torch of 139.8, after one allocator retry (the edge).
@@ -121,7 +123,8 @@ def _grid_cases() -> list[dict]:
 
 
 def _case_id(case: dict) -> str:
-    return f"{case['name']}/{case['result'].get('loss_head_backward', 'by-tokens')}"
+    kernels = "/triton" if case["result"].get("loss_head_kernels") == "triton" else ""
+    return f"{case['name']}/{case['result'].get('loss_head_backward', 'by-tokens')}{kernels}"
 
 
 def _ran(case: dict) -> bool:

@@ -37,6 +37,12 @@ weight's whole fp32 gradient once per chunk of tokens: at 16k tokens and Qwen3's
 38 passes over 1.2 GB, most of the loss head's time on an H200 (docs/gpu-runs.md). With top-p
 the cut needs whole rows: the backward stays by tokens.
 
+Without top-p, a chunk's element-wise work (everything but its matmuls) runs in the two Triton
+kernels of runtime/core/fused_head.py where they run (the tensors on a GPU, Triton importing,
+VIME_LOSS_HEAD not "eager"), one pass over the chunk's logits each way instead of torch's
+~9 fp32 passes forward and ~8 backward; the same formulas, and the eager code below otherwise
+(on the CPU, with top-p, after a kernel failed).
+
 Memory: per token, the saved hidden states and their gradient (2 + 2 bytes per hidden entry in
 bf16) and a few fp32 numbers, and without top-p the fp32 sum of the hidden states' gradient and
 a chunk's bf16 share of it (PLAIN_HIDDEN_GRAD_BYTES per hidden entry); per chunk, its
@@ -63,7 +69,10 @@ CHUNK_ENTRIES = 2**26
 NUCLEUS_CHUNK_ENTRIES = 2**24
 # bytes per entry of a chunk's [rows, width] temporaries at their largest. Without top-p: fp32
 # logits and their exponentials (forward), log p and p (backward): 8, measured on the CPU
-# (tests/runtime/test_loss_head.py). With top-p, the cut on the whole row: the fp32 logits, the
+# (tests/runtime/test_loss_head.py); with fused_head's kernels only the logits in their dtype
+# (2 in bf16), still charged as 8: the eager chunks run where the kernels do not, and on the
+# H200's grid the head is not at the step's peak (docs/memory-validation.md, fifth lease).
+# With top-p, the cut on the whole row: the fp32 logits, the
 # sort's values, softmax and cumulative sum, the masks: 21 measured on the CPU; on CUDA the
 # segmented sort also holds double buffers of its keys and int64 indices (12 more), not measured.
 CHUNK_BYTES_PER_ENTRY = 8
