@@ -9,9 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import traceback
 import warnings
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 # A Qwen3-MoE small enough for a CPU process: its first layer dense, the second MoE (the shard
 # and grouped-experts oracles build it).
@@ -29,6 +32,31 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def gloo_ranks(work, world: int, *args) -> list:
+    """`work(rank, *args)` in `world` spawned processes of one gloo group (work: a module-level
+    function, as spawn pickles it by name); what each returned, in rank order. A rank that
+    raised fails the caller with that rank's traceback."""
+    port = free_port()
+    results = mp.Manager().dict()
+    mp.spawn(_gloo_rank, args=(work, world, port, results, args), nprocs=world, join=True)
+    got = [results[rank] for rank in range(world)]
+    for rank, result in enumerate(got):
+        assert "error" not in result, f"rank {rank}:\n{result['error']}"
+    return [result["value"] for result in got]
+
+
+def _gloo_rank(rank: int, work, world: int, port: int, results, args) -> None:
+    warnings.simplefilter("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results[rank] = {"value": work(rank, *args)}
+    except Exception:  # noqa: BLE001  (reported to the test, which fails on it)
+        results[rank] = {"error": traceback.format_exc()}
+    finally:
+        dist.destroy_process_group()
 
 
 def single_rank_parallel_state():

@@ -15,9 +15,7 @@ megatron-core's Float16Module (the backend's wrapper; within bf16 tolerance).
 from __future__ import annotations
 
 import contextlib
-import os
 import types
-import warnings
 from unittest import mock
 
 import pytest
@@ -25,9 +23,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from megatroncpu import free_port  # noqa: E402
+from megatroncpu import gloo_ranks  # noqa: E402
 
 from runtime.backends.torch_train import response_positions  # noqa: E402
 from runtime.core import loss_head, nucleus  # noqa: E402
@@ -111,53 +107,40 @@ def _oracle(gpt, model, backend, batch, entropy_coef):
     return log_probs.detach(), entropy.detach(), mask
 
 
-def _rank(rank: int, port: int, results) -> None:
-    warnings.simplefilter("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(rank: int) -> dict:
     torch.cuda.current_device = lambda: "cpu"  # megatron-core allocates there
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
-    try:
-        from megatron.core import parallel_state
-        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP)
-        # the embedding forks the CUDA generator under sequence parallel (for dropout, 0 here)
-        get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
-        batch = TrainBatch(tokens=TOKENS, prompt_lens=PROMPT_LENS)
-        out = {}
-        for tied, bf16 in ((True, False), (False, False), (False, True)):
-            gpt, model = _model(tied, bf16)
-            for top_p, entropy_coef in CASES:
-                backend = _backend(model, top_p, entropy_coef)
-                got = {}
-                for side in ("oracle", "backend"):
-                    gpt.zero_grad(set_to_none=True)
-                    if side == "oracle":
-                        values = _oracle(gpt, model, backend, batch, entropy_coef)
-                    else:
-                        with mock.patch.object(loss_head, "chunk_rows", _rows):
-                            log_probs, entropy, mask = backend._response_terms(batch, [0, 1])
-                        _loss(log_probs, entropy, entropy_coef, mask).backward()
-                        values = log_probs.detach(), entropy.detach(), mask
-                    grads = {n: p.grad.float().clone() for n, p in gpt.named_parameters()
-                             if p.grad is not None}
-                    got[side] = (*values, grads)
-                out[tied, bf16, top_p, entropy_coef] = got
-        results[rank] = out
-    except Exception as error:  # noqa: BLE001  (reported to the test, which fails on it)
-        import traceback
-
-        results[rank] = {"error": traceback.format_exc() + repr(error)}
-    finally:
-        dist.destroy_process_group()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP)
+    # the embedding forks the CUDA generator under sequence parallel (for dropout, 0 here)
+    get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
+    batch = TrainBatch(tokens=TOKENS, prompt_lens=PROMPT_LENS)
+    out = {}
+    for tied, bf16 in ((True, False), (False, False), (False, True)):
+        gpt, model = _model(tied, bf16)
+        for top_p, entropy_coef in CASES:
+            backend = _backend(model, top_p, entropy_coef)
+            got = {}
+            for side in ("oracle", "backend"):
+                gpt.zero_grad(set_to_none=True)
+                if side == "oracle":
+                    values = _oracle(gpt, model, backend, batch, entropy_coef)
+                else:
+                    with mock.patch.object(loss_head, "chunk_rows", _rows):
+                        log_probs, entropy, mask = backend._response_terms(batch, [0, 1])
+                    _loss(log_probs, entropy, entropy_coef, mask).backward()
+                    values = log_probs.detach(), entropy.detach(), mask
+                grads = {n: p.grad.float().clone() for n, p in gpt.named_parameters()
+                         if p.grad is not None}
+                got[side] = (*values, grads)
+            out[tied, bf16, top_p, entropy_coef] = got
+    return out
 
 
 def test_the_chunked_loss_head_on_a_tensor_parallel_gpt_gives_the_whole_logits_numbers():
-    port = free_port()
-    results = mp.Manager().dict()
-    mp.spawn(_rank, args=(port, results), nprocs=TP, join=True)
+    results = gloo_ranks(_rank, TP)
     for rank in range(TP):
-        assert "error" not in results[rank], results[rank]["error"]
         for (tied, bf16, top_p, coef), got in results[rank].items():
             case = (rank, "tied" if tied else "untied", "bf16" if bf16 else "fp32", top_p, coef)
             (want_lp, want_h, mask, want_grads), (lp, h, got_mask, grads) = (got["oracle"],

@@ -11,13 +11,11 @@ tests/runtime/test_fused_head.py runs this file in a pytest of its own with that
 from __future__ import annotations
 
 import os
-import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from megatroncpu import free_port
+from megatroncpu import gloo_ranks
 from test_loss_head import _inputs, _run, unchunked
 
 from runtime.core import fused_head, loss_head
@@ -140,43 +138,28 @@ def test_no_kernel_on_the_cpu_without_the_interpreter(monkeypatch):
 TP = 2
 
 
-def _tp_rank(rank: int, port: int, results) -> None:
-    warnings.simplefilter("ignore")
+def _tp_rank(rank: int) -> dict:
     fused_head.ROW_BLOCK = fused_head.GRAD_BLOCK = BLOCK
     calls = {"row_stats": 0, "grad_in_place": 0}
     _count_calls(calls, setattr)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
-    try:
-        hidden, weight, targets = _inputs(ties=False, vocab=96)
-        part = 96 // TP
-        out = {}
-        for kind in ("log-probs", "both"):
-            h = hidden.clone().requires_grad_()
-            w = weight[rank * part:(rank + 1) * part].clone().requires_grad_()
-            log_probs, entropy = loss_head.token_terms(h, w, targets, temperature=0.7,
-                                                       group=dist.group.WORLD, rows=6)
-            _loss_of(kind)(log_probs, entropy).backward()
-            out[kind] = (log_probs.detach(), entropy.detach(), h.grad, w.grad)
-        out["calls"] = dict(calls, broken=list(fused_head._broken))
-        results[rank] = out
-    except Exception as error:  # noqa: BLE001  (reported to the test, which fails on it)
-        import traceback
-
-        results[rank] = {"error": traceback.format_exc() + repr(error)}
-    finally:
-        dist.destroy_process_group()
+    hidden, weight, targets = _inputs(ties=False, vocab=96)
+    part = 96 // TP
+    out = {}
+    for kind in ("log-probs", "both"):
+        h = hidden.clone().requires_grad_()
+        w = weight[rank * part:(rank + 1) * part].clone().requires_grad_()
+        log_probs, entropy = loss_head.token_terms(h, w, targets, temperature=0.7,
+                                                   group=dist.group.WORLD, rows=6)
+        _loss_of(kind)(log_probs, entropy).backward()
+        out[kind] = (log_probs.detach(), entropy.detach(), h.grad, w.grad)
+    out["calls"] = dict(calls, broken=list(fused_head._broken))
+    return out
 
 
 def test_tensor_parallel_kernels_give_the_whole_vocabularys_numbers():
     """Each rank's kernels see its 48 columns; the max and the sums rescaled to it are
     all-reduced (loss_head._global_stats)."""
-    port = free_port()
-    results = mp.Manager().dict()
-    mp.spawn(_tp_rank, args=(port, results), nprocs=TP, join=True)
-    got = [results[rank] for rank in range(TP)]
-    for rank_result in got:
-        assert "error" not in rank_result, rank_result["error"]
+    got = gloo_ranks(_tp_rank, TP)
     hidden, weight, targets = _inputs(ties=False, vocab=96)
     for rank_result in got:
         calls = rank_result.pop("calls")

@@ -16,14 +16,10 @@ comparison (12 to 28 bytes per token per vocabulary entry).
 
 from __future__ import annotations
 
-import os
-import warnings
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from megatroncpu import free_port
+from megatroncpu import gloo_ranks
 
 from runtime.core import loss_head, nucleus
 from runtime.core.memprobe import peak_bytes, saved_bytes
@@ -188,31 +184,20 @@ def test_aligned_column_chunks_with_a_short_last_one_give_the_unchunked_gradient
 TP = 2
 
 
-def _tp_rank(rank: int, port: int, results) -> None:
-    warnings.simplefilter("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
-    try:
-        hidden, weight, targets = _inputs(ties=True)
-        part = VOCAB // TP
-        out = {}
-        for top_p in (1.0, 0.6):
-            for entropy_coef in (0.0, 0.3):
-                h = hidden.clone().requires_grad_()
-                w = weight.clone().requires_grad_()
-                log_probs, entropy = loss_head.token_terms(
-                    h, w[rank * part:(rank + 1) * part], targets, temperature=0.7,
-                    top_p=top_p, group=dist.group.WORLD, rows=6)
-                _loss(log_probs, entropy, entropy_coef).backward()
-                out[top_p, entropy_coef] = (log_probs.detach(), entropy.detach(), h.grad,
-                                            w.grad)
-        results[rank] = out
-    except Exception as error:  # noqa: BLE001  (reported to the test, which fails on it)
-        import traceback
-
-        results[rank] = {"error": traceback.format_exc() + repr(error)}
-    finally:
-        dist.destroy_process_group()
+def _tp_rank(rank: int) -> dict:
+    hidden, weight, targets = _inputs(ties=True)
+    part = VOCAB // TP
+    out = {}
+    for top_p in (1.0, 0.6):
+        for entropy_coef in (0.0, 0.3):
+            h = hidden.clone().requires_grad_()
+            w = weight.clone().requires_grad_()
+            log_probs, entropy = loss_head.token_terms(
+                h, w[rank * part:(rank + 1) * part], targets, temperature=0.7,
+                top_p=top_p, group=dist.group.WORLD, rows=6)
+            _loss(log_probs, entropy, entropy_coef).backward()
+            out[top_p, entropy_coef] = (log_probs.detach(), entropy.detach(), h.grad, w.grad)
+    return out
 
 
 def test_tensor_parallel_vocabulary_gives_the_whole_vocabularys_numbers():
@@ -220,12 +205,7 @@ def test_tensor_parallel_vocabulary_gives_the_whole_vocabularys_numbers():
     entropies are the whole ones; its gradients of the hidden states are its part (the
     caller sums them over the group, as megatron-core's sequence-parallel gather does), of the
     weight its rows."""
-    port = free_port()
-    results = mp.Manager().dict()
-    mp.spawn(_tp_rank, args=(port, results), nprocs=TP, join=True)
-    got = [results[rank] for rank in range(TP)]
-    for rank_result in got:
-        assert "error" not in rank_result, rank_result["error"]
+    got = gloo_ranks(_tp_rank, TP)
     hidden, weight, targets = _inputs(ties=True)
     for top_p, entropy_coef in got[0]:
         want = _run(unchunked, hidden, weight, targets, entropy_coef, temperature=0.7,
