@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -530,8 +531,6 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         inner torch Adams whose parameters are all fp32 on the GPU, unless VIME_ADAM=foreach.
         Its step counts live on the device: _fresh_adam_state and _restore_adam_steps put them
         there."""
-        import os
-
         if os.environ.get("VIME_ADAM", "") == "foreach":
             return
         for inner in self._torch_adams():

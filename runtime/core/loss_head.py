@@ -137,8 +137,7 @@ def _global_stats(stats: torch.Tensor, inside: torch.Tensor, tp: int, group):
     if tp == 1:  # the target's shifted logit is 0 already where the row has none
         return stats[0].unsqueeze(-1), stats[1:]
     peak = stats[0].clone()
-    if tp > 1:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     step = stats[0] - peak  # 0 on the rank with the max
     scale = step.exp()
     sums = torch.stack([stats[1] * scale, (stats[2] + step) * inside,
