@@ -138,6 +138,17 @@ def _on_sigterm(signum, frame):
     raise _Terminated(128 + signum)
 
 
+def _disconnect_driver() -> None:
+    """This process's driver (ray.init in the driver: runtime/node/driver.py) leaves Ray before
+    the node's Ray stops. Stopped under a connected driver, Ray's client retried the GCS for
+    60 s and then ended the process with a non-zero code ("Failed to connect to GCS within 60
+    seconds"), after a job that had succeeded: seen once in a CI run (2026-12-02)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        with own_signal_handlers():
+            ray.shutdown()
+
+
 def _stop(node: RayNode, ctx: NodeContext) -> None:
     """This node's Ray stopped, its logs kept in the job folder; quickly when signalled."""
     node.stop(grace_s=TERMINATED_GRACE_S if _signalled else 8.0,
@@ -238,6 +249,7 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         _write_json(ray_dir / f"done-{ctx.attempt}", {"state": outcome["state"]})
         if not _signalled:  # signalled, the workers were too (scancel, vime cancel)
             _wait_for_workers(ctx)
+            _disconnect_driver()
         _stop(node, ctx)
         _write_json(ctx.job_dir / "outcome.json", outcome)
         if outcome["error"]:
