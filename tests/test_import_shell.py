@@ -149,3 +149,10 @@ def test_control_characters_of_a_script_stay_valid_toml():
     result = import_script(Path("/nonexistent/run.sh"), text, {})
     spec = tomllib.loads(render(result))
     assert spec["model"]["hf_checkpoint"] == "/m\x7f"
+
+
+def test_heredocs_redirections_and_exec():
+    text = ("cat > notes.txt <<'EOF'\nTP=99\npython3 train.py --tp 99\nEOF\nTP=2\n"
+            "exec python3 train.py --tp $TP --seed 3 2>&1 | tee log.txt\n")
+    assert _argv(text) == ["--tp", "2", "--seed", "3"]
+    assert _argv("python3 train.py --seed 3 > log.txt\n") == ["--seed", "3"]

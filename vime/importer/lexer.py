@@ -30,6 +30,7 @@ class Tok:
     parts: list[Part] = field(default_factory=list)
     text: str = ""  # op text, or the array's name
     source: str = ""  # a word as written
+    redirects: bool = False  # a word of digits glued to < or >: a file descriptor (2>&1)
 
     @property
     def raw(self) -> str:
@@ -144,6 +145,7 @@ OPERATORS = ("&&", "||", ";;", ">>", "&>", "<<", ";", "&", "|", "(", ")", "<", "
 def lex(src: str) -> list[Tok]:
     """Tokens of a whole file: words (with their parts), operators and newlines."""
     toks: list[Tok] = []
+    heredocs: list[tuple[str, bool]] = []  # (delimiter, <<- strips tabs) of this line
     i, line = 0, 1
     n = len(src)
     while i < n:
@@ -157,6 +159,15 @@ def lex(src: str) -> list[Tok]:
         if c == "\n":
             toks.append(Tok("nl", line))
             i, line = i + 1, line + 1
+            for delimiter, strip_tabs in heredocs:  # a here-document's body is not script
+                while i < n:
+                    end = src.find("\n", i)
+                    end = n if end < 0 else end
+                    body_line = src[i:end]
+                    i, line = end + 1, line + 1
+                    if (body_line.lstrip("\t") if strip_tabs else body_line) == delimiter:
+                        break
+            heredocs = []
             continue
         if c == "#":
             while i < n and src[i] != "\n":
@@ -166,6 +177,10 @@ def lex(src: str) -> list[Tok]:
         if op:
             toks.append(Tok("op", line, text=op))
             i += len(op)
+            if op == "<<":
+                heredoc = re.match(r"(-?)[ \t]*(['\"]?)([A-Za-z0-9_]+)\2", src[i:])
+                if heredoc:
+                    heredocs.append((heredoc.group(3), heredoc.group(1) == "-"))
             continue
         # a word
         tok = Tok("word", line)
@@ -221,6 +236,7 @@ def lex(src: str) -> list[Tok]:
                     break
         if tok is not None:
             tok.line, tok.source = start_line, src[start:i]
+            tok.redirects = i < n and src[i] in "<>" and tok.source.isdigit()
             toks.append(tok)
     toks.append(Tok("nl", line))
     return toks

@@ -433,12 +433,12 @@ class Reader:
                 self.env.scalars.pop(name, None)
                 self.env.arrays.pop(name, None)
             return
-        if command in ("eval", "exec"):
-            self.note("V960", line, f"{command} is not followed")
-            return
         entry = self._train_entry(words[k:])
         if entry is not None:
             self.train_command(words[k:], entry, line)
+            return
+        if command == "eval":
+            self.note("V960", line, "eval is not followed")
             return
         if command in ("printf", "read", "mapfile", "readarray"):
             self.forget_assigned(words[k:])
@@ -460,7 +460,7 @@ class Reader:
     def train_command(self, toks: list[Tok], entry: int, line: int) -> None:
         argv: list[Word] = []
         for tok in toks[entry + 1:]:
-            if tok.kind != "word":
+            if tok.kind != "word" or tok.redirects:
                 break  # a redirection or a pipe ends train.py's arguments
             for field_ in self.expand_word(tok, tok.line):
                 if isinstance(field_, Located):
