@@ -212,3 +212,15 @@ def test_model_args_without_config_json_pick_a_preset_and_keep_what_differs():
 def test_explain_knows_the_import_codes(capsys):
     assert main(["explain", "V964"]) == 0
     assert "not-yet-in-vime" in capsys.readouterr().out
+
+
+def test_upstream_vime_orchestration_flags_are_known_not_unknown():
+    result = import_argv(["--vllm-server-concurrency", "256", "--router-policy", "cache_aware",
+                          "--qkv-format", "thd", "--rollout-external"])
+    codes = {f.message.split(":")[0]: (f.code, f.severity) for f in result.findings}
+    assert codes["--vllm-server-concurrency"] == ("V963", "error")
+    assert "vime" in next(f.message for f in result.findings
+                          if f.message.startswith("--vllm-server-concurrency"))
+    assert codes["--router-policy"] == ("V963", "warning")
+    assert codes["--qkv-format thd"] == ("V965", "note")
+    assert codes["--rollout-external"][0] == "V963"

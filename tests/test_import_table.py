@@ -10,7 +10,7 @@ from specsupport import ROOT
 from vime.flags import catalog
 from vime.importer import table
 from vime.importer.docs import markdown
-from vime.importer.mapping import _slime_options
+from vime.importer.mapping import upstream_options
 
 SCHEMA = json.loads((ROOT / "schema" / "vime.schema.json").read_text())
 
@@ -29,8 +29,8 @@ def test_docs_import_md_is_current():
 
 
 def test_every_row_names_a_flag_some_parser_has():
-    megatron, vllm, slime = catalog("megatron"), catalog("vllm"), set(_slime_options())
-    vime_only = {"--qkv-format", "--megatron-to-hf-mode", "--train-memory-margin-bytes"}
+    megatron, vllm = catalog("megatron"), catalog("vllm")
+    upstream = {option for options in upstream_options().values() for option in options}
     for row in table.FLAGS:
         for name in row.names:
             if row.source == "sglang":
@@ -38,7 +38,7 @@ def test_every_row_names_a_flag_some_parser_has():
             elif name.startswith("--vllm-"):
                 assert vllm.newest("--" + name[len("--vllm-"):]) is not None, name
             else:
-                assert name in slime or megatron.newest(name) is not None or name in vime_only, \
+                assert name in upstream or megatron.newest(name) is not None, \
                     f"{name}: no parser has it"
 
 

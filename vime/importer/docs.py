@@ -62,7 +62,7 @@ def markdown() -> str:
         "Flags not in the table: `--vllm-X` is vLLM's `--X` and goes to "
         "`inference.extra_args` (V970) when vLLM has it (vime/data/vllm-flags-*.json); a "
         "Megatron flag (vime/data/megatron-flags-*.json) or another train.py flag "
-        "(vime/data/slime-flags.json) is V963; `--sglang-*` is V967; anything else is V966.",
+        "(vime/data/upstream-flags.json) is V963; `--sglang-*` is V967; anything else is V966.",
         "",
         "## Flag → key",
         "",

@@ -8,6 +8,7 @@ has no key, or a value the reader could not know.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import math
 import re
@@ -161,20 +162,27 @@ def _layer_freq(flag: str, text: str):
 def _did_you_mean(flag: str) -> str:
     from vime.flags import catalog
 
-    known = set(table.TABLE_BY_NAME) | set(_slime_options()) | set(catalog("megatron").options)
+    known = set(table.TABLE_BY_NAME) | set(catalog("megatron").options)
+    for options in upstream_options().values():
+        known.update(options)
     close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.75)
     return f"did you mean {close[0]}?" if close else "check the flag's spelling"
 
 
-def _slime_options() -> tuple[str, ...]:
-    import functools
+def upstream_options() -> dict[str, tuple[str, ...]]:
+    """The parser ("vime", "slime") -> the option strings of its train.py's own flags."""
+    return _upstream_options()
 
-    @functools.cache
-    def load() -> tuple[str, ...]:
-        path = Path(__file__).resolve().parent.parent / "data" / "slime-flags.json"
-        return tuple(json.loads(path.read_text())["options"])
 
-    return load()
+@functools.cache
+def _upstream_options() -> dict[str, tuple[str, ...]]:
+    path = Path(__file__).resolve().parent.parent / "data" / "upstream-flags.json"
+    parsers = json.loads(path.read_text())["parsers"]
+    return {name: tuple(parser["options"]) for name, parser in parsers.items()}
+
+
+def _upstream_has(flag: str) -> list[str]:
+    return [name for name, options in upstream_options().items() if flag in options]
 
 
 def map_flags(argv: list[Word]) -> Mapped:
@@ -246,6 +254,17 @@ def _unlisted(mapped: Mapped, item: Group, unknown) -> None:
     from vime.flags import catalog
 
     flag = item.flag
+    parsers = _upstream_has(flag)
+    if parsers:
+        mapped.report("V963", f"{flag}: a train.py flag ({' and '.join(parsers)}) vime has no "
+                      "key for", item.at, "if this flag matters to the run, the spec cannot "
+                      "express it yet")
+        return
+    if flag.startswith("--router-"):
+        mapped.report("V963", f"{flag}: a flag of upstream vime's vllm-router; vime sends "
+                      "requests to its engines itself", item.at, "nothing to do",
+                      "warning")
+        return
     if flag.startswith("--vllm-"):
         native = "--" + flag[len("--vllm-"):]
         if catalog("vllm").newest(native) is None:
@@ -274,10 +293,6 @@ def _unlisted(mapped: Mapped, item: Group, unknown) -> None:
                       "vime builds Megatron's arguments from the spec's keys (megatron.args "
                       "shows them); if this flag matters to the run, the spec cannot express "
                       "it yet")
-        return
-    if flag in _slime_options():
-        mapped.report("V963", f"{flag}: a train.py flag vime has no key for", item.at,
-                      "if this flag matters to the run, the spec cannot express it yet")
         return
     mapped.report("V966", f"{flag}: no parser vime knows has this flag", item.at,
                   _did_you_mean(flag))

@@ -12,8 +12,9 @@ same rows (`python -m vime.importer.docs`). A row says what becomes of one flag:
 
 Flags not in the table are judged by the catalogues: `--vllm-X` is vLLM's `--X`
 (vime/data/vllm-flags-*.json; it goes to inference.extra_args), a Megatron flag
-(vime/data/megatron-flags-*.json) or a slime flag (vime/data/slime-flags.json) with no row is
-V963, `--sglang-*` is V967, and anything else is V966.
+(vime/data/megatron-flags-*.json) or an upstream vime or slime flag
+(vime/data/upstream-flags.json) with no row is V963, `--sglang-*` is V967, and anything else
+is V966.
 """
 
 from __future__ import annotations
