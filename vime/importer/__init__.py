@@ -69,12 +69,12 @@ def import_words(words: list[Word], name: str, source: str, environ: dict[str, s
     _algorithm(mapped)
     if mapped.extra_args:
         mapped.values["inference.extra_args"] = list(mapped.extra_args)
-    for dotted, (default, flag) in table.UPSTREAM_DEFAULTS.items():
+    for dotted, (default, flag, whose) in table.UPSTREAM_DEFAULTS.items():
         if dotted not in mapped.values and flag not in mapped.given:
             if dotted == "inference.gpu_memory_utilization" and \
                     "--sglang-mem-fraction-static" in mapped.given:
                 continue
-            mapped.set(dotted, default, Origin(f"train.py's default without {flag}"))
+            mapped.set(dotted, default, Origin(f"{whose} default without {flag}"))
     for dotted in REQUIRED:
         if dotted not in mapped.values:
             if dotted.startswith("cluster.") and any(f.code in ("V962", "V969")

@@ -77,17 +77,18 @@ def markdown() -> str:
         "A flag's absence means train.py's default, which vime's default does not always "
         "equal; the imported spec writes train.py's.",
         "",
-        "| key | without the flag | flag |",
-        "|---|---|---|",
+        "| key | without the flag | flag | whose default |",
+        "|---|---|---|---|",
     ]
-    for key, (value, flag) in table.UPSTREAM_DEFAULTS.items():
-        lines.append(f"| `{key}` | {value!r} | `{flag}` |".replace("True", "true")
-                     .replace("False", "false"))
+    for key, (value, flag, whose) in table.UPSTREAM_DEFAULTS.items():
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)
+        owner = whose.removesuffix("'s")
+        lines.append(f"| `{key}` | {shown} | `{flag}` | {owner} |")
     lines += [
-        "| `algorithm.eps_clip_high` | the `--eps-clip` value | `--eps-clip-high` |",
-        "| `algorithm.kl_estimator` | k1 (with `--use-kl-loss`) | `--kl-loss-type` |",
-        "| `algorithm.kl_loss_coef` | 0 | `--use-kl-loss` |",
-        "| `train.colocate` | false | `--colocate` |",
+        "| `algorithm.eps_clip_high` | the `--eps-clip` value | `--eps-clip-high` | train.py |",
+        "| `algorithm.kl_estimator` | k1 (with `--use-kl-loss`) | `--kl-loss-type` | train.py |",
+        "| `algorithm.kl_loss_coef` | 0 | `--use-kl-loss` | train.py |",
+        "| `train.colocate` | false | `--colocate` | train.py |",
         "",
         "## Codes",
         "",

@@ -287,13 +287,14 @@ FLAGS: tuple[Flag, ...] = (
 )
 
 # What a flag's absence means upstream, where vime's default differs (written to the spec so it
-# means what the script meant). key -> (the upstream default, the flag whose absence it is).
-UPSTREAM_DEFAULTS: dict[str, tuple[object, str]] = {
-    "data.shuffle": (False, "--rollout-shuffle"),
-    "train.dynamic_batch": (False, "--use-dynamic-batch-size"),
-    "train.optimizer.adam_beta2": (0.999, "--adam-beta2"),
-    "train.optimizer.weight_decay": (0.01, "--weight-decay"),
-    "inference.gpu_memory_utilization": (0.9, "--vllm-gpu-memory-utilization"),
+# means what the script meant). key -> (the upstream default, the flag whose absence it is,
+# whose default it is).
+UPSTREAM_DEFAULTS: dict[str, tuple[object, str, str]] = {
+    "data.shuffle": (False, "--rollout-shuffle", "train.py's"),
+    "train.dynamic_batch": (False, "--use-dynamic-batch-size", "train.py's"),
+    "train.optimizer.adam_beta2": (0.999, "--adam-beta2", "Megatron's"),
+    "train.optimizer.weight_decay": (0.01, "--weight-decay", "Megatron's"),
+    "inference.gpu_memory_utilization": (0.9, "--vllm-gpu-memory-utilization", "vLLM's"),
 }
 
 # The codes of vime import's report: code -> (name, severity, explanation).
