@@ -224,3 +224,18 @@ def test_upstream_vime_orchestration_flags_are_known_not_unknown():
     assert codes["--router-policy"] == ("V963", "warning")
     assert codes["--qkv-format thd"] == ("V965", "note")
     assert codes["--rollout-external"][0] == "V963"
+
+
+def test_flags_whose_keys_are_coming_are_v964_naming_the_key():
+    result = import_argv(["--advantage-estimator", "ppo", "--lr-decay-style", "cosine",
+                          "--lr-warmup-iters", "10", "--loss-type", "sft_loss",
+                          "--over-sampling-batch-size", "64", "--offload-train"])
+    planned = {f.message.split(":")[0].split(" ")[0]: f.message for f in result.findings
+               if f.code == "V964"}
+    assert "algorithm.advantage_estimator" in planned["--advantage-estimator"]
+    assert "LR schedule" in planned["--lr-decay-style"] and "LR schedule" in \
+        planned["--lr-warmup-iters"]
+    assert "loss aggregation" in planned["--loss-type"]
+    assert "dynamic sampling" in planned["--over-sampling-batch-size"]
+    assert "offload" in planned["--offload-train"]
+    assert "algorithm.name" not in result.values

@@ -77,8 +77,7 @@ def import_words(words: list[Word], name: str, source: str, environ: dict[str, s
             mapped.set(dotted, default, Origin(f"{whose} default without {flag}"))
     for dotted in REQUIRED:
         if dotted not in mapped.values:
-            if dotted.startswith("cluster.") and any(f.code in ("V962", "V969")
-                                                     for f in mapped.findings):
+            if dotted.startswith("cluster.") and any(f.code == "V969" for f in mapped.findings):
                 continue  # said already, with the variable to pass
             mapped.report("V972", f"{dotted}: the script gives no value", None,
                           f"write {dotted} in the spec")
@@ -100,11 +99,12 @@ def _experiment_name(filename: str) -> str:
 
 def _cluster(mapped: Mapped, reading: Reading | None) -> None:
     flags = mapped.cluster
-    if any(f.code == "V962" and ("--actor-num" in f.message or "--rollout-num-gpus " in f.message)
-           for f in mapped.findings):
-        mapped.report("V969", "the cluster's size depends on values the reader cannot know",
-                      None, "pass the variables the message above names with --env, e.g. "
-                      "--env ACTOR_NUM_NODES=2 --env ACTOR_NUM_GPUS_PER_NODE=8")
+    unknown = sorted(mapped.unknown & {row.name for row in table.FLAGS if row.kind == "cluster"})
+    if unknown:
+        mapped.report("V969", f"the cluster's size depends on {', '.join(unknown)}, whose "
+                      "values the reader cannot know", None, "pass the variables the V962 "
+                      "errors name with --env, e.g. --env ACTOR_NUM_NODES=2 --env "
+                      "ACTOR_NUM_GPUS_PER_NODE=8")
         return
     nodes, nodes_from = flags.get("--actor-num-nodes", (1, Origin("train.py's default")))
     per_node, per_node_from = flags.get("--actor-num-gpus-per-node",

@@ -29,6 +29,8 @@ def _row(row: table.Flag) -> str:
         what += f" = {row.value}"
     if row.choices:
         what += " (" + ", ".join(f"{k} → {v}" for k, v in row.choices.items()) + ")"
+    if row.beyond:
+        what += f"; other values: not yet in vime (V964): {row.beyond}"
     severity = "" if row.kind in ("key", "arch", "cluster") else row.severity
     names = "<br>".join(f"`{name}`" for name in row.names)
     return f"| {names} | {_cell(what)} | {severity} | {_cell(row.why)} |"

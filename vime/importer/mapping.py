@@ -42,6 +42,7 @@ class Mapped:
     origins: dict[str, Origin] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     given: set[str] = field(default_factory=set)  # flags given (their first name)
+    unknown: set[str] = field(default_factory=set)  # flags given with a value only a run knows
     extra_args: list[str] = field(default_factory=list)
     arch: dict[str, tuple[object, Origin]] = field(default_factory=dict)
     cluster: dict[str, tuple[object, Origin]] = field(default_factory=dict)
@@ -206,6 +207,7 @@ def map_flags(argv: list[Word]) -> Mapped:
             _explained(mapped, row, item, unknown)
             continue
         if unknown is not None:
+            mapped.unknown.add(row.name)
             severity = "warning" if row.kind == "arch" else None
             mapped.report("V962", f"{item.flag}: {unknown.why}", item.at,
                           "vime reads the architecture from config.json or model.preset"
@@ -237,7 +239,10 @@ def _explained(mapped: Mapped, row: table.Flag, item: Group, unknown) -> None:
     shown = " ".join(str(w.value) if isinstance(w.value, str) else "?" for w in item.words)
     flag_text = f"{item.flag} {shown}".strip()
     if row.kind == "derived":
-        if row.expect and unknown is None and shown not in row.expect:
+        if row.expect and unknown is None and shown not in row.expect and row.beyond:
+            mapped.report("V964", f"{flag_text}: not yet in vime (planned: {row.beyond}); vime "
+                          f"uses {row.name} {row.expect[0]}", item.at, row.why)
+        elif row.expect and unknown is None and shown not in row.expect:
             mapped.report("V963", f"{flag_text}: vime uses {row.name} {row.expect[0]}", item.at,
                           row.why, "error")
         else:

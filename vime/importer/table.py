@@ -33,7 +33,7 @@ class Flag:
     expect: tuple[str, ...] = ()  # derived: the values vime uses
     choices: dict | None = None  # value == "choice": upstream value -> spec value
     source: str = "slime"  # whose parser has it: slime (and upstream vime), vime, megatron, vllm, sglang
-    beyond: str = ""  # value == "choice": the key being added for the other values (V964)
+    beyond: str = ""  # choice / derived: the key being added for the other values (V964)
 
     @property
     def name(self) -> str:
@@ -51,10 +51,10 @@ def arch(names, spec_key, value="int", why="") -> Flag:
     return Flag(names, "arch", spec_key, value, why=why, source="megatron")
 
 
-def derived(names, why, expect=(), source="megatron", value="str") -> Flag:
+def derived(names, why, expect=(), source="megatron", value="str", beyond="") -> Flag:
     names = (names,) if isinstance(names, str) else names
     return Flag(names, "derived", value=value, severity="note", why=why, expect=tuple(expect),
-                source=source)
+                source=source, beyond=beyond)
 
 
 def not_yet(names, planned, why, severity="error", source="slime") -> Flag:
@@ -139,7 +139,8 @@ FLAGS: tuple[Flag, ...] = (
     key("--use-precision-aware-optimizer", "train.optimizer.precision_aware", "true",
         source="megatron"),
     derived("--optimizer", "vime's actor uses Adam (AdamW with weight decay)", ("adam",)),
-    derived("--lr-decay-style", "vime's learning rate is constant", ("constant",)),
+    derived("--lr-decay-style", "vime's learning rate is constant", ("constant",),
+            beyond="train.optimizer (LR schedule keys)"),
     not_yet(("--lr-warmup-iters", "--lr-warmup-fraction", "--lr-warmup-init", "--min-lr",
              "--lr-decay-iters", "--lr-warmup-samples", "--lr-decay-samples"),
             "train.optimizer (LR schedule keys)",
