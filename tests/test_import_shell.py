@@ -156,3 +156,9 @@ def test_heredocs_redirections_and_exec():
             "exec python3 train.py --tp $TP --seed 3 2>&1 | tee log.txt\n")
     assert _argv(text) == ["--tp", "2", "--seed", "3"]
     assert _argv("python3 train.py --seed 3 > log.txt\n") == ["--seed", "3"]
+
+
+def test_expansions_nested_too_deep_are_reported_not_raised():
+    text = "X=" + "${A:-" * 3000 + "1" + "}" * 3000 + "\npython3 train.py --x $X\n"
+    result = import_script(Path("/nonexistent/run.sh"), text, {})
+    assert any(f.code == "V960" for f in result.findings)

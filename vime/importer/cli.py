@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from vime.importer import ImportResult, import_argv, import_script, table
+from vime.importer import ImportResult, import_argv, import_script
 from vime.importer.toml_out import render
 
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024
@@ -128,4 +128,4 @@ def _name(path: str) -> str:
     return _experiment_name(os.path.basename(path))
 
 
-__all__ = ["run", "report_text", "flag_list", "ImportUsageError", "table"]
+__all__ = ["run", "report_text", "flag_list", "ImportUsageError"]

@@ -81,7 +81,6 @@ class Reading:
     argv: list[Word] | None = None  # the flags after train.py; None: no train.py command
     entry_line: tuple[str, int] | None = None
     notes: list[Note] = field(default_factory=list)
-    scalars: dict[str, str | Unknown] = field(default_factory=dict)
     sourced: list[str] = field(default_factory=list)
 
 
@@ -802,6 +801,8 @@ class Reader:
 def read_script(path: Path, text: str, environ: dict[str, str]) -> Reading:
     """Read a launch script (never running it) with `environ` as its environment."""
     reader = Reader(dict(environ))
-    reader.read_file(path, text)
-    reader.reading.scalars = {k: v for k, v in reader.env.scalars.items() if k not in environ}
+    try:
+        reader.read_file(path, text)
+    except RecursionError:  # expansions nested hundreds deep
+        reader.note("V960", 1, "expansions nested too deeply to follow; the reader stops")
     return reader.reading
