@@ -239,3 +239,10 @@ def test_flags_whose_keys_are_coming_are_v964_naming_the_key():
     assert "dynamic sampling" in planned["--over-sampling-batch-size"]
     assert "offload" in planned["--offload-train"]
     assert "algorithm.name" not in result.values
+
+
+def test_a_reward_vime_does_not_have_is_reported_at_import():
+    result = import_argv(["--rm-type", "remote_rm", "--custom-rm-path", "my.rewards.score"])
+    found = [f for f in result.findings if f.code == "V963"]
+    assert found and "deepscaler" in found[0].message
+    assert result.values["rollout.reward"] == "my.rewards:score"

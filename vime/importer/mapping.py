@@ -125,6 +125,14 @@ def _convert(row: table.Flag, flag: str, words: tuple[Word, ...]):
             raise ValueError(f"{flag} {text}: vime has "
                              f"{', '.join(sorted(set((row.choices or {}).values())))} only")
         return row.choices[text]
+    if kind == "reward_name":
+        from vime.rewards import BUILTIN_REWARDS
+
+        if text not in BUILTIN_REWARDS:
+            raise ValueError(f"{flag} {text}: vime's built-in rewards are "
+                             f"{', '.join(sorted(BUILTIN_REWARDS))}; a reward of your own is "
+                             "rollout.reward = \"module.path:function\"")
+        return text
     if kind == "reward":
         module, _, function = text.rpartition(".")
         if not module:

@@ -27,7 +27,7 @@ class Flag:
     names: tuple[str, ...]  # option strings; the first is shown
     kind: str  # key | arch | cluster | derived | not_yet | none
     key: str = ""  # key / arch / cluster: the spec key; not_yet: the key it will be
-    value: str = "str"  # str int float true false ints reward kl json choice
+    value: str = "str"  # str int float true false ints choice reward reward_name json layer_freq
     severity: str = "error"  # derived/not_yet/none: the diagnostic's severity
     why: str = ""  # the report's explanation and the docs' text
     expect: tuple[str, ...] = ()  # derived: the values vime uses
@@ -104,7 +104,8 @@ FLAGS: tuple[Flag, ...] = (
     key("--rollout-max-response-len", "rollout.max_response_len", "int"),
     key("--rollout-temperature", "rollout.temperature", "float"),
     key("--rollout-top-p", "rollout.top_p", "float"),
-    key("--rm-type", "rollout.reward", why="a built-in reward (deepscaler, dapo, math)"),
+    key("--rm-type", "rollout.reward", "reward_name",
+        why="a built-in reward of vime (vime/rewards.py); another name is V963"),
     key("--custom-rm-path", "rollout.reward", "reward",
         why="module.path.function becomes module.path:function"),
     # the actor's batch
