@@ -76,6 +76,7 @@ test-live: $(VLLM_VENV)/.installed
 
 docs: $(VENV)/.installed
 	$(PY) -m vime.check.catalog > docs/rules.md
+	$(PY) -m vime.importer.docs > docs/import.md
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/plan_startup.py

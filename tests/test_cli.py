@@ -138,14 +138,18 @@ def test_compile_with_errors_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_plan_imports_no_heavy_library():
+@pytest.mark.parametrize("argv", [
+    ["plan", SPEC],
+    ["import", str(ROOT / "tests" / "fixtures" / "scripts" / "vime" / "run-qwen3-30B-A3B.sh")],
+], ids=["plan", "import"])
+def test_plan_imports_no_heavy_library(argv):
     code = (
-        "import sys; from vime.cli import main; rc = main(['plan', sys.argv[1]]); "
+        "import sys; from vime.cli import main; rc = main(sys.argv[1:]); "
         "heavy = {'torch', 'ray', 'vllm', 'megatron', 'submitit'} & {m.split('.')[0] for m in sys.modules}; "
         "print(sorted(heavy)); sys.exit(rc or bool(heavy))"
     )
-    proc = subprocess.run([sys.executable, "-c", code, SPEC], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("[]")
 

@@ -95,7 +95,26 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--single-gpu", action="store_true",
                          help="save with tp = ep = 1 from one process (megatron-core reshards "
                               "it on load, slowly for expert parallelism)")
+    imports = verbs.add_parser("import", help="an upstream vime or slime launch script as a "
+                               "spec, read without running it (docs/import.md)")
+    imports.add_argument("script", help="the launch script (with --argv: a file of train.py's "
+                         "flags, - for stdin)")
+    imports.add_argument("-o", "--output", help="write the spec here (default: stdout)")
+    imports.add_argument("--force", action="store_true", help="overwrite the -o file")
+    imports.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                         help="a variable the script reads from its environment (repeatable)")
+    imports.add_argument("--argv", action="store_true",
+                         help="SCRIPT is the flag list train.py received, not a script")
     return parser
+
+
+def cmd_import(args) -> int:
+    from vime.importer import cli as import_cli
+
+    try:
+        return import_cli.run(args.script, args.output, args.force, args.env, args.argv)
+    except import_cli.ImportUsageError as err:
+        raise UsageError(str(err)) from None
 
 
 def _load(args) -> tuple:
@@ -171,8 +190,16 @@ def cmd_explain(args) -> int:
             print(f"{code}  {name:<36} {text.splitlines()[0]}")
         for code, registered in sorted(check.RULES.items()):
             print(f"{code}  {registered.name:<36} {registered.summary}")
+        from vime.importer.table import CODES
+
+        for code, (name, _severity, text) in sorted(CODES.items()):
+            print(f"{code}  {name:<36} {text.splitlines()[0]}")
         return EXIT_OK
     text = check.explain(args.code)
+    if text is None:
+        from vime.importer.table import explain as import_explain
+
+        text = import_explain(args.code)
     if text is None:
         print(f"vime: error: no diagnostic code {args.code!r} (`vime explain` lists them)",
               file=sys.stderr)
@@ -440,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"plan": cmd_plan, "compile": cmd_compile, "explain": cmd_explain,
                "submit": cmd_submit, "status": cmd_follow, "logs": cmd_follow,
-               "cancel": cmd_follow, "convert": cmd_convert}[args.verb]
+               "cancel": cmd_follow, "convert": cmd_convert, "import": cmd_import}[args.verb]
     try:
         return handler(args)
     except UsageError as err:

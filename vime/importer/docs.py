@@ -1,0 +1,104 @@
+"""docs/import.md, generated from the table `vime import` maps flags with (a test keeps it
+current): `python -m vime.importer.docs > docs/import.md`."""
+
+from __future__ import annotations
+
+import inspect
+
+from vime.importer import table
+
+KIND_TEXT = {
+    "key": "{key}",
+    "arch": "`[model.arch]` {key} (checked against config.json; a preset when they match)",
+    "cluster": "{key}",
+    "derived": "set by vime (V965){expect}",
+    "not_yet": "not yet in vime (V964): {key}",
+    "none": "no equivalent (V963)",
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _row(row: table.Flag) -> str:
+    expect = f": {' or '.join(row.expect)}" if row.expect else ""
+    what = KIND_TEXT[row.kind].format(key=f"`{row.key}`" if row.kind != "arch" else row.key,
+                                      expect=expect)
+    if row.kind == "key" and row.value in ("true", "false"):
+        what += f" = {row.value}"
+    if row.choices:
+        what += " (" + ", ".join(f"{k} → {v}" for k, v in row.choices.items()) + ")"
+    if row.beyond:
+        what += f"; other values: not yet in vime (V964): {row.beyond}"
+    severity = "" if row.kind in ("key", "arch", "cluster") else row.severity
+    names = "<br>".join(f"`{name}`" for name in row.names)
+    return f"| {names} | {_cell(what)} | {severity} | {_cell(row.why)} |"
+
+
+def markdown() -> str:
+    lines = [
+        "# Coming from upstream vime or slime: `vime import`",
+        "",
+        "Generated from vime/importer/table.py, the table `vime import` maps flags with "
+        "(`python -m vime.importer.docs > docs/import.md`).",
+        "",
+        "```",
+        "vime import scripts/run-qwen3-30B-A3B.sh -o qwen3.toml [--env ACTOR_NUM_NODES=2 ...]",
+        "vime plan qwen3.toml",
+        "vime import --argv flags.txt -o qwen3.toml   # the flags train.py received, one "
+        "shell-quoted list",
+        "```",
+        "",
+        "The script is read, never run: assignments, arrays and `+=`, `source` of a models "
+        "file beside the script, `${VAR:-default}`, `export`, `if [[ ... ]]` on known values, "
+        "`$(seq a b c)`, `$((...))` and line continuations. Anything else is reported with its "
+        "line (V960, V961) and what it would set is unknown, never guessed; `--env NAME=VALUE` "
+        "sets what the script reads from its environment. The flags after `train.py` on the "
+        "command that runs it are mapped below; each key of the written spec has a comment "
+        "naming the flag and line it came from, and the report lists every flag that did not "
+        "become a key. Exit status: 0 the spec is complete, 1 it is written but a flag did "
+        "not map (an error in the report), 2 usage (an `-o` file that exists without "
+        "`--force`, an unreadable script).",
+        "",
+        "Flags not in the table: `--vllm-X` is vLLM's `--X` and goes to "
+        "`inference.extra_args` (V970) when vLLM has it (vime/data/vllm-flags-*.json); a "
+        "Megatron flag (vime/data/megatron-flags-*.json) or another train.py flag "
+        "(vime/data/upstream-flags.json) is V963; `--sglang-*` is V967; anything else is V966.",
+        "",
+        "## Flag → key",
+        "",
+        "| flag | key or verdict | severity | notes |",
+        "|---|---|---|---|",
+    ]
+    lines += [_row(row) for row in table.FLAGS]
+    lines += [
+        "",
+        "## Defaults that differ",
+        "",
+        "A flag's absence means train.py's default, which vime's default does not always "
+        "equal; the imported spec writes train.py's.",
+        "",
+        "| key | without the flag | flag | whose default |",
+        "|---|---|---|---|",
+    ]
+    for key, (value, flag, whose) in table.UPSTREAM_DEFAULTS.items():
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)
+        owner = whose.removesuffix("'s")
+        lines.append(f"| `{key}` | {shown} | `{flag}` | {owner} |")
+    lines += [
+        "| `algorithm.eps_clip_high` | the `--eps-clip` value | `--eps-clip-high` | train.py |",
+        "| `algorithm.kl_estimator` | k1 (with `--use-kl-loss`) | `--kl-loss-type` | train.py |",
+        "| `algorithm.kl_loss_coef` | 0 | `--use-kl-loss` | train.py |",
+        "| `train.colocate` | false | `--colocate` | train.py |",
+        "",
+        "## Codes",
+        "",
+    ]
+    for code, (name, severity, text) in sorted(table.CODES.items()):
+        lines += [f"### {code} {name} ({severity})", "", inspect.cleandoc(text), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

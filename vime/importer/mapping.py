@@ -1,0 +1,324 @@
+"""train.py's flags -> spec keys through table.FLAGS, with the report of what did not map.
+
+`map_flags` takes the argv the reader found (or `--argv` gave) and returns the spec as a dict
+of dotted keys, each with the flag and line it came from, and the findings: one per flag that
+has no key, or a value the reader could not know.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vime.importer import table
+from vime.importer.shell import Unknown, Word
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str  # error | warning | note
+    message: str
+    file: str = ""
+    line: int = 0
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Origin:
+    flag: str  # the flag, or what the value came from
+    file: str = ""
+    line: int = 0
+
+
+@dataclass
+class Mapped:
+    values: dict[str, object] = field(default_factory=dict)  # dotted key -> value
+    origins: dict[str, Origin] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    given: set[str] = field(default_factory=set)  # flags given (their first name)
+    unknown: set[str] = field(default_factory=set)  # flags given with a value only a run knows
+    extra_args: list[str] = field(default_factory=list)
+    arch: dict[str, tuple[object, Origin]] = field(default_factory=dict)
+    cluster: dict[str, tuple[object, Origin]] = field(default_factory=dict)
+
+    def set(self, dotted: str, value, origin: Origin) -> None:
+        self.values[dotted] = value
+        self.origins[dotted] = origin
+
+    def report(self, code: str, message: str, word: Word | None = None, help: str = "",
+               severity: str | None = None) -> None:
+        self.findings.append(Finding(code, severity or table.CODES[code][1], message,
+                                     word.file if word else "", word.line if word else 0, help))
+
+
+@dataclass(frozen=True)
+class Group:
+    flag: str
+    words: tuple[Word, ...]  # the flag's values
+    at: Word  # the flag itself (file, line)
+
+
+def group(argv: list[Word], mapped: Mapped) -> list[Group]:
+    """Flags with the words after them that do not start with `--` (train.py's argparse reads
+    the scripts' flags this way: no value there starts with `--`)."""
+    groups: list[Group] = []
+    for word in argv:
+        text = word.value
+        if isinstance(text, str) and text.startswith("--") and len(text) > 2:
+            name, eq, value = text.partition("=")
+            values = (Word(value, word.file, word.line),) if eq else ()
+            groups.append(Group(name, values, word))
+        elif groups:
+            last = groups[-1]
+            groups[-1] = Group(last.flag, (*last.words, word), last.at)
+        elif isinstance(text, Unknown):
+            mapped.report("V962", f"a word before the first flag is unknown: {text.why}", word)
+        else:
+            mapped.report("V966", f"{text!r} is not a flag (train.py takes no positional "
+                          "arguments)", word, "remove it from the script")
+    return groups
+
+
+def _convert(row: table.Flag, flag: str, words: tuple[Word, ...]):
+    """The spec value of a flag's words; raises ValueError with a message for bad ones."""
+    texts = [w.value for w in words]
+    kind = row.value
+    if kind in ("true", "false"):
+        if texts:
+            raise ValueError(f"{flag} is a switch; it was given {' '.join(map(str, texts))!r}")
+        return kind == "true"
+    if kind == "ints":
+        if not texts:
+            raise ValueError(f"{flag} needs one or more integers")
+        try:
+            return [int(t) for t in texts]
+        except ValueError:
+            raise ValueError(f"{flag} takes integers, not {' '.join(texts)!r}") from None
+    if len(texts) != 1:
+        split = len(texts) > 1 and len({(w.file, w.line) for w in words}) == 1
+        raise ValueError(f"{flag} takes one value; it was given {len(texts)}: "
+                         f"{' '.join(map(str, texts))!r}" + (
+                             " (bash splits an array element with blanks in it where the "
+                             "array is expanded unquoted: write \"${ARRAY[@]}\")" if split else ""))
+    text = texts[0]
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{flag} takes an integer, not {text!r}") from None
+    if kind == "float":
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{flag} takes a number, not {text!r}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{flag} takes a finite number, not {text!r}")
+        return value
+    if kind == "choice":
+        if text not in (row.choices or {}):
+            raise ValueError(f"{flag} {text}: vime has "
+                             f"{', '.join(sorted(set((row.choices or {}).values())))} only")
+        return row.choices[text]
+    if kind == "reward_name":
+        from vime.rewards import BUILTIN_REWARDS
+
+        if text not in BUILTIN_REWARDS:
+            raise ValueError(f"{flag} {text}: vime's built-in rewards are "
+                             f"{', '.join(sorted(BUILTIN_REWARDS))}; a reward of your own is "
+                             "rollout.reward = \"module.path:function\"")
+        return text
+    if kind == "reward":
+        module, _, function = text.rpartition(".")
+        if not module:
+            raise ValueError(f"{flag} {text!r} is not module.function")
+        return f"{module}:{function}"
+    if kind == "json":
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise ValueError(f"{flag} takes JSON, not {text!r}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{flag} takes a JSON object, not {text!r}")
+        return value
+    if kind == "layer_freq":
+        return _layer_freq(flag, text)
+    return text
+
+
+def _layer_freq(flag: str, text: str):
+    """--moe-layer-freq: an int N (every Nth layer is MoE) or a list of 0/1 per layer."""
+    text = text.strip()
+    if re.fullmatch(r"\d+", text):
+        return ("step", int(text))
+    match = re.fullmatch(r"\[\s*([01](\s*,\s*[01])*)?\s*\]", text)
+    if match:
+        flags = [int(v) for v in re.findall(r"[01]", text)]
+        return ("list", flags)
+    # ([0]*3+[1]*45): the form Megatron's docs show
+    terms = re.findall(r"\[\s*([01])\s*\]\s*\*\s*(\d+)", text)
+    if terms and re.fullmatch(r"\(?\s*(\[\s*[01]\s*\]\s*\*\s*\d+\s*\+?\s*)+\)?", text):
+        flags = [int(v) for v, n in terms for _ in range(min(int(n), 1_000_000))]
+        return ("list", flags)
+    raise ValueError(f"{flag} {text!r} is neither an integer nor a list of 0 and 1")
+
+
+def _did_you_mean(flag: str) -> str:
+    from vime.flags import catalog
+
+    known = set(table.TABLE_BY_NAME) | set(catalog("megatron").options)
+    for options in upstream_options().values():
+        known.update(options)
+    close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.75)
+    return f"did you mean {close[0]}?" if close else "check the flag's spelling"
+
+
+def upstream_options() -> dict[str, tuple[str, ...]]:
+    """The parser ("vime", "slime") -> the option strings of its train.py's own flags."""
+    return _upstream_options()
+
+
+@functools.cache
+def _upstream_options() -> dict[str, tuple[str, ...]]:
+    path = Path(__file__).resolve().parent.parent / "data" / "upstream-flags.json"
+    parsers = json.loads(path.read_text())["parsers"]
+    return {name: tuple(parser["options"]) for name, parser in parsers.items()}
+
+
+def _upstream_has(flag: str) -> list[str]:
+    return [name for name, options in upstream_options().items() if flag in options]
+
+
+def map_flags(argv: list[Word]) -> Mapped:
+    """Every flag of argv, through the table or a catalogue, into keys and findings."""
+    mapped = Mapped()
+    seen: dict[str, Group] = {}
+    for item in group(argv, mapped):
+        row = table.TABLE_BY_NAME.get(item.flag)
+        canonical = row.name if row else item.flag
+        if canonical in seen and row is not None and row.kind not in ("not_yet", "none", "derived"):
+            mapped.report("V971", f"{item.flag} is given twice (line {seen[canonical].at.line} "
+                          f"and line {item.at.line}); the last is taken", item.at)
+        seen[canonical] = item
+        unknown = next((w.value for w in item.words if isinstance(w.value, Unknown)), None)
+        if row is None:
+            _unlisted(mapped, item, unknown)
+            continue
+        mapped.given.add(row.name)
+        origin = Origin(item.flag, item.at.file, item.at.line)
+        if row.kind in ("none", "not_yet", "derived"):
+            _explained(mapped, row, item, unknown)
+            continue
+        if unknown is not None:
+            mapped.unknown.add(row.name)
+            severity = "warning" if row.kind == "arch" else None
+            mapped.report("V962", f"{item.flag}: {unknown.why}", item.at,
+                          "vime reads the architecture from config.json or model.preset"
+                          if row.kind == "arch" else "", severity)
+            continue
+        try:
+            value = _convert(row, item.flag, item.words)
+        except ValueError as err:
+            if row.beyond:
+                mapped.report("V964", f"{err} (planned: {row.beyond})", item.at, row.why)
+            else:
+                mapped.report("V963", str(err), item.at, "correct the value in the script")
+            continue
+        if row.kind == "arch":
+            mapped.arch[row.key] = (value, origin)
+        elif row.kind == "cluster":
+            mapped.cluster[row.name] = (value, origin)
+        elif row.value == "json":
+            _eplb_config(mapped, value, origin, item)
+        else:
+            if row.source == "sglang":
+                mapped.report("V967", f"{item.flag} {' '.join(str(w.value) for w in item.words)}"
+                              f" becomes {row.key} (vLLM)", item.at, row.why)
+            mapped.set(row.key, value, origin)
+    return mapped
+
+
+def _explained(mapped: Mapped, row: table.Flag, item: Group, unknown) -> None:
+    shown = " ".join(str(w.value) if isinstance(w.value, str) else "?" for w in item.words)
+    flag_text = f"{item.flag} {shown}".strip()
+    if row.kind == "derived":
+        if row.expect and unknown is None and shown not in row.expect and row.beyond:
+            mapped.report("V964", f"{flag_text}: not yet in vime (planned: {row.beyond}); vime "
+                          f"uses {row.name} {row.expect[0]}", item.at, row.why)
+        elif row.expect and unknown is None and shown not in row.expect:
+            mapped.report("V963", f"{flag_text}: vime uses {row.name} {row.expect[0]}", item.at,
+                          row.why, "error")
+        else:
+            mapped.report("V965", f"{flag_text}: {row.why}", item.at)
+    elif row.kind == "not_yet":
+        mapped.report("V964", f"{flag_text}: not yet in vime (planned: {row.key})", item.at,
+                      row.why, row.severity)
+    else:
+        mapped.report("V963", f"{flag_text}: no equivalent in vime", item.at, row.why,
+                      row.severity)
+
+
+def _unlisted(mapped: Mapped, item: Group, unknown) -> None:
+    from vime.flags import catalog
+
+    flag = item.flag
+    parsers = _upstream_has(flag)
+    if parsers:
+        mapped.report("V963", f"{flag}: a train.py flag ({' and '.join(parsers)}) vime has no "
+                      "key for", item.at, "if this flag matters to the run, the spec cannot "
+                      "express it yet")
+        return
+    if flag.startswith("--router-"):
+        mapped.report("V963", f"{flag}: a flag of upstream vime's vllm-router; vime sends "
+                      "requests to its engines itself", item.at, "nothing to do",
+                      "warning")
+        return
+    if flag.startswith("--vllm-"):
+        native = "--" + flag[len("--vllm-"):]
+        if catalog("vllm").newest(native) is None:
+            mapped.report("V966", f"{flag}: vLLM has no {native}", item.at, _did_you_mean(flag))
+            return
+        if unknown is not None:
+            mapped.report("V962", f"{flag}: {unknown.why}", item.at)
+            return
+        words = [str(w.value) for w in item.words]
+        if not words:
+            mapped.extra_args.append(native)
+        elif len(words) == 1:
+            mapped.extra_args.append(f"{native}={words[0]}")
+        else:  # nargs="+" flags: vLLM reads the words after the flag
+            mapped.extra_args.extend([native, *words])
+        mapped.report("V970", f"{flag} becomes inference.extra_args {native}", item.at)
+        mapped.origins.setdefault("inference.extra_args", Origin(flag, item.at.file, item.at.line))
+        return
+    if flag.startswith("--sglang-"):
+        mapped.report("V967", f"{flag}: vime's engines are vLLM, and this SGLang flag has no "
+                      "vLLM key in vime", item.at, "find vLLM's flag for it and add it to "
+                      "inference.extra_args", "error")
+        return
+    if catalog("megatron").newest(flag) is not None:
+        mapped.report("V963", f"{flag}: a Megatron flag vime does not take", item.at,
+                      "vime builds Megatron's arguments from the spec's keys (megatron.args "
+                      "shows them); if this flag matters to the run, the spec cannot express "
+                      "it yet")
+        return
+    mapped.report("V966", f"{flag}: no parser vime knows has this flag", item.at,
+                  _did_you_mean(flag))
+
+
+def _eplb_config(mapped: Mapped, config: dict, origin: Origin, item: Group) -> None:
+    keys = {"num_redundant_experts": "inference.eplb.num_redundant_experts",
+            "window_size": "inference.eplb.window_size",
+            "step_interval": "inference.eplb.step_interval"}
+    for name, value in config.items():
+        if name in keys and isinstance(value, int) and not isinstance(value, bool):
+            mapped.set(keys[name], value, origin)
+        else:
+            mapped.report("V963", f"{item.flag}: {name} = {value!r} has no key in "
+                          "[inference.eplb]", item.at, "vime sets num_redundant_experts, "
+                          "window_size and step_interval")

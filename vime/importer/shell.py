@@ -1,0 +1,808 @@
+"""A reader of the bash subset that launch scripts use; it never executes anything.
+
+It follows assignments (scalars, arrays, `+=`), `export`, `source`/`.` of a file next to the
+script, `${VAR:-default}` and friends, `$VAR`, `if`/`elif`/`else` on `[[ ]]`, `[ ]` and `(( ))`
+tests of known values, `$(seq a b c)`, `$((...))` on known values, line continuations and
+comments inside arrays. Every other construct is a Note with its line, and a value that
+depends on one is Unknown (never a guess). The words after `train.py` on the last command that
+runs it are the flags the importer maps (`Reading.argv`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vime.importer.lexer import (
+    ASSIGN,
+    NAME,
+    ArithUnknown,
+    Part,
+    ShellSyntaxError,
+    Tok,
+    lex,
+    safe_eval,
+)
+
+# the script's own folder: SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" ... && pwd)"
+SCRIPT_DIR_IDIOM = re.compile(r"^\s*cd\s+(--\s+)?\"?\$\(\s*dirname\s+(--\s+)?\"?\$\{?BASH_SOURCE(\[0\])?\}?\"?\s*\)\"?"
+                              r"[^;|]*&&\s*pwd(\s+-P)?\s*$")
+TRAIN_ENTRY = re.compile(r"(^|/)train(_async)?\.py$")
+MAX_SOURCE_DEPTH = 4
+MAX_SEQ = 100_000
+MAX_VALUE_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A value the reader cannot know without running something; `why` says what."""
+
+    why: str
+
+
+class Located(str):
+    """An array element's text, remembering the file and line it was written on."""
+
+    file: str
+    line: int
+
+    def __new__(cls, text: str, file: str, line: int):
+        made = super().__new__(cls, text)
+        made.file, made.line = file, line
+        return made
+
+
+def _join(pieces: list[str]) -> str:
+    return pieces[0] if len(pieces) == 1 else "".join(pieces)
+
+
+@dataclass(frozen=True)
+class Word:
+    """One argv element: its text (or Unknown), the file and line it was written on."""
+
+    value: str | Unknown
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the reader did not follow: code V960 (a construct) or V961 (a command)."""
+
+    code: str
+    file: str
+    line: int
+    message: str
+
+
+@dataclass
+class Reading:
+    argv: list[Word] | None = None  # the flags after train.py; None: no train.py command
+    entry_line: tuple[str, int] | None = None
+    notes: list[Note] = field(default_factory=list)
+    sourced: list[str] = field(default_factory=list)
+
+
+class _Env:
+    def __init__(self, environ: dict[str, str]):
+        self.scalars: dict[str, str | Unknown] = dict(environ)
+        self.arrays: dict[str, list[str | Unknown]] = {}
+
+
+class Reader:
+    """Reads one script (and the files it sources) into a Reading."""
+
+    def __init__(self, environ: dict[str, str], reading: Reading | None = None):
+        self.env = _Env(environ)
+        self.reading = reading or Reading()
+        self.depth = 0
+        self.in_test = False
+        self.file = ""
+        self.script_dir = Path(".")
+
+    # -- notes
+    def note(self, code: str, line: int, message: str) -> None:
+        self.reading.notes.append(Note(code, self.file, line, message))
+
+    # -- expansion
+    def lookup(self, name: str, line: int) -> str | Unknown | None:
+        if name in self.env.arrays:
+            items = self.env.arrays[name]
+            return items[0] if items else ""
+        return self.env.scalars.get(name)
+
+    def expand_var(self, expr: str, line: int, quoted: bool) -> list[str | Unknown] | str | Unknown:
+        """A ${...} expression: a string, Unknown, or a list (an array's elements)."""
+        array = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]", expr)
+        if array:
+            name = array.group(1)
+            if name in self.env.arrays:
+                items = list(self.env.arrays[name])
+                return " ".join(map(str, items)) if array.group(2) == "*" and quoted else items
+            value = self.env.scalars.get(name)
+            if value is None:
+                return []
+            return [value]
+        if expr == "BASH_SOURCE[0]" or expr == "BASH_SOURCE" or expr == "0":
+            return self.file
+        length = re.fullmatch(r"#([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?", expr)
+        if length:
+            name = length.group(1)
+            if length.group(2) or name in self.env.arrays:
+                return str(len(self.env.arrays.get(name, [])))
+            value = self.env.scalars.get(name)
+            if isinstance(value, Unknown):
+                return value
+            return str(len(value or ""))
+        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=+?])(.*))?", expr, re.S)
+        if not match:
+            return Unknown(f"${{{expr}}} (line {line}) is an expansion the reader does not follow")
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        value = self.lookup(name, line)
+        if op is None:
+            if value is None and self.in_test:
+                return ""  # a test of an unset variable sees "", as bash's does
+            if value is None:
+                return Unknown(f"${name} is not set (line {line}); pass --env {name}=VALUE")
+            return value
+        if isinstance(value, Unknown):
+            return value
+        empty = value is None or (op.startswith(":") and value == "")
+        if op.endswith("+"):
+            return "" if empty else self.expand_text(arg, line)
+        if op.endswith("?"):
+            if empty:
+                return Unknown(f"${{{name}}} must be set (line {line}); pass --env {name}=VALUE")
+            return value
+        if empty:
+            default = self.expand_text(arg, line)
+            if op.endswith("=") and not isinstance(default, Unknown):
+                self.env.scalars[name] = default
+            return default
+        return value
+
+    def expand_text(self, text: str, line: int) -> str | Unknown:
+        """A fragment of shell text (a default value) as one string."""
+        try:
+            toks = [t for t in lex(text) if t.kind == "word"]
+        except ShellSyntaxError as err:
+            return Unknown(f"line {line}: {err}")
+        out = []
+        for tok in toks:
+            fields = self.expand_word(tok, line, split=False)
+            for f in fields:
+                if isinstance(f, Unknown):
+                    return f
+                out.append(f)
+        return " ".join(out)
+
+    def command_subst(self, command: str, line: int) -> str | Unknown:
+        seq = re.fullmatch(r"\s*seq\s+(-?\d+)(?:\s+(-?\d+))?(?:\s+(-?\d+))?\s*", command)
+        if seq:
+            nums = [int(g) for g in seq.groups() if g is not None]
+            first, step, last = (1, 1, nums[0]) if len(nums) == 1 else \
+                (nums[0], 1, nums[1]) if len(nums) == 2 else (nums[0], nums[1], nums[2])
+            if step == 0 or (last - first) // step > MAX_SEQ:
+                return Unknown(f"$({command.strip()}) (line {line}) is too long a sequence")
+            return " ".join(str(v) for v in range(first, last + (1 if step > 0 else -1), step))
+        seq = re.fullmatch(r"\s*seq\s+(.*)", command, re.S)
+        if seq:  # seq of variables: expand them first
+            value = self.expand_text(seq.group(1), line)
+            if isinstance(value, Unknown):
+                return value
+            if re.fullmatch(r"[-\d\s]+", value):
+                return self.command_subst("seq " + value, line)
+        if SCRIPT_DIR_IDIOM.match(command):
+            return str(self.script_dir)
+        shown = " ".join(command.split())
+        shown = shown if len(shown) <= 48 else shown[:47] + "…"
+        return Unknown(f"$({shown}) (line {line}) runs a command, which the reader does not do")
+
+    def arith(self, expr: str, line: int) -> str | Unknown:
+        try:
+            return str(self._arith_value(expr, line))
+        except ArithUnknown as err:
+            return Unknown(str(err))
+
+    def _arith_value(self, expr: str, line: int) -> int:
+        tokens = re.findall(r"\d+|[A-Za-z_][A-Za-z0-9_]*|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\*\*|"
+                            r"==|!=|<=|>=|&&|\|\||[-+*/%()<>!]|\S", expr)
+        py = []
+        for tok in tokens:
+            name = tok.strip("${}")
+            if NAME.fullmatch(name):
+                value = self.lookup(name, line)
+                if value is None:
+                    value = "0"
+                if isinstance(value, Unknown) or not re.fullmatch(r"\s*-?\d+\s*", value):
+                    raise ArithUnknown(f"$(({expr.strip()})) (line {line}): {name} is not a "
+                                        "known integer")
+                py.append(f"({int(value)})")
+            elif tok.isdigit():
+                py.append(str(int(tok)))
+            elif tok in ("+", "-", "*", "%", "(", ")", "<", ">", "<=", ">=", "==", "!="):
+                py.append(tok)
+            elif tok == "/":
+                py.append("//")
+            elif tok == "&&":
+                py.append(" and ")
+            elif tok == "||":
+                py.append(" or ")
+            elif tok == "!":
+                py.append(" not ")
+            else:
+                raise ArithUnknown(f"$(({expr.strip()})) (line {line}): {tok!r} is not arithmetic "
+                                    "the reader follows")
+        return safe_eval("".join(py), expr, line)
+
+    def expand_word(self, tok: Tok, line: int, split: bool = True) -> list[str | Unknown]:
+        """The fields a word expands to (unquoted expansions split on blanks)."""
+        fields: list[str | Unknown] = []
+        current: list[str] = []
+        started = False  # the current field exists (quotes make an empty field)
+        unknown: Unknown | None = None
+        for part in tok.parts:
+            if part.kind == "lit":
+                current.append(part.text)
+                started = started or part.quoted or part.text != ""
+                continue
+            if part.kind == "var":
+                value = self.expand_var(part.text, line, part.quoted)
+            elif part.kind == "cmd":
+                value = self.command_subst(part.text, line)
+            else:
+                value = self.arith(part.text, line)
+            if isinstance(value, Unknown):
+                unknown = unknown or value
+                continue
+            if isinstance(value, list):  # an array's elements, one field each
+                items: list[str | Unknown] = []
+                for v in value:
+                    if isinstance(v, Unknown) or part.quoted or (v and v.split() == [v]):
+                        items.append(v)
+                    else:
+                        items.extend(v.split())
+                for k, item in enumerate(items):
+                    if k and (started or current):
+                        fields.append(_join(current))
+                        current, started = [], False
+                    if isinstance(item, Unknown):
+                        if current and "".join(current) or k == len(items) - 1 and \
+                                part is not tok.parts[-1]:
+                            unknown = unknown or item  # glued to other text: the word is unknown
+                            continue
+                        fields.append(item)
+                        continue
+                    current.append(item)
+                    started = True
+                continue
+            if part.quoted or not split:
+                current.append(value)
+                started = True
+                continue
+            pieces = value.split()
+            if not pieces:
+                continue
+            if value[:1].isspace() and started:
+                fields.append("".join(current))
+                current, started = [], False
+            for k, piece in enumerate(pieces):
+                if k:
+                    fields.append("".join(current))
+                    current = []
+                current.append(piece)
+                started = True
+            if value[-1:].isspace():
+                fields.append("".join(current))
+                current, started = [], False
+        if unknown is not None:
+            return [unknown]
+        if started or current and "".join(current):
+            fields.append(_join(current))
+        return [f[:MAX_VALUE_CHARS] if isinstance(f, str) and len(f) > MAX_VALUE_CHARS else f
+                for f in fields]
+
+    def scalar(self, tok: Tok, line: int) -> str | Unknown:
+        fields = self.expand_word(tok, line, split=False)
+        for f in fields:
+            if isinstance(f, Unknown):
+                return f
+        return " ".join(fields)  # type: ignore[arg-type]
+
+    # -- statements
+    def read_file(self, path: Path, text: str) -> None:
+        saved = (self.file, self.script_dir)
+        self.file, self.script_dir = str(path), path.parent
+        try:
+            try:
+                toks = lex(text)
+            except ShellSyntaxError as err:
+                line = int(m.group(1)) if (m := re.match(r"line (\d+)", str(err))) else 1
+                self.note("V960", line, f"the reader stops here: {err}")
+                return
+            self.block(toks, 0, len(toks), live=True)
+        finally:
+            self.file, self.script_dir = saved
+
+    def block(self, toks: list[Tok], i: int, end: int, live: bool) -> None:
+        while i < end:
+            i = self.statement(toks, i, end, live)
+
+    def statement(self, toks: list[Tok], i: int, end: int, live: bool) -> int:
+        tok = toks[i]
+        if tok.kind == "nl" or (tok.kind == "op" and tok.text in (";", "&")):
+            return i + 1
+        if tok.kind == "arr":
+            return self.array_assignment(toks, i, end, live)
+        first = tok.literal()
+        if first in ("if",):
+            return self.if_statement(toks, i, end, live)
+        if first in ("for", "while", "until", "case", "select", "function") or \
+                (tok.kind == "word" and i + 2 < end and toks[i + 1].kind == "op" and
+                 toks[i + 1].text == "(" and toks[i + 2].kind == "op" and toks[i + 2].text == ")"):
+            return self.skip_compound(toks, i, end, live)
+        if tok.kind == "op" and tok.text == "(":
+            stop = self._matching_paren(toks, i, end)
+            if live:
+                self.note("V960", tok.line, "a subshell ( ... ) is not followed")
+            return stop
+        if first == "{":
+            stop = self._find_keyword(toks, i + 1, end, {"{"}, {"}"})
+            if live:
+                self.note("V960", tok.line, "a { ... } group is not followed")
+            return stop + 1
+        # a simple command, possibly joined by && || |
+        stop = i
+        while stop < end and not (toks[stop].kind == "nl" or
+                                  (toks[stop].kind == "op" and toks[stop].text in (";", "&", ";;"))):
+            if toks[stop].kind == "arr":  # an array assignment after && or ;
+                break
+            stop += 1
+        if live:
+            self.simple(toks[i:stop])
+        return stop
+
+    def simple(self, toks: list[Tok]) -> None:
+        # split on && and || and |: each piece is a command; only the first runs for certain
+        pieces: list[list[Tok]] = [[]]
+        joins: list[str] = []
+        for tok in toks:
+            if tok.kind == "op" and tok.text in ("&&", "||", "|"):
+                pieces.append([])
+                joins.append(tok.text)
+            else:
+                pieces[-1].append(tok)
+        if len(pieces) > 1:
+            # `cmd || true`, `[[ ]] && X=1`: a test decides; anything else is a command
+            head = pieces[0]
+            if head and head[0].literal() in ("[[", "[") and joins[0] in ("&&", "||"):
+                verdict = self.condition(head)
+                if isinstance(verdict, Unknown):
+                    self.note("V960", head[0].line, f"a test the reader cannot decide: {verdict.why}")
+                    for piece in pieces[1:]:
+                        self.forget_assigned(piece)
+                    return
+                if verdict == (joins[0] == "&&"):
+                    self.simple([t for piece in pieces[1:2] for t in piece])
+                return
+            if all(piece and piece[0].literal() in ("true", ":") for piece in pieces[1:]):
+                self.simple(pieces[0])
+                return
+            for piece in pieces:
+                if piece:
+                    self.simple(piece)
+            return
+        if not toks:
+            return
+        line = toks[0].line
+        words = toks
+        # leading assignments
+        k = 0
+        assigns: list[tuple[str, str, Tok]] = []
+        while k < len(words) and words[k].kind == "word":
+            match = self._assign(words[k])
+            if not match:
+                break
+            assigns.append(match)
+            k += 1
+        if k == len(words):
+            for name, op, value_tok in assigns:
+                self.assign(name, op, value_tok, line)
+            return
+        command = words[k].literal()
+        rest = words[k + 1:]
+        if command in ("export", "declare", "typeset", "local", "readonly"):
+            for tok in rest:
+                if tok.kind != "word":
+                    break
+                match = self._assign(tok)
+                if match:
+                    self.assign(*match, line)
+                elif tok.literal() and NAME.fullmatch(tok.literal() or "") is None and \
+                        not (tok.literal() or "").startswith("-"):
+                    self.note("V960", line, f"{command} {tok.raw} is not followed")
+            return
+        if command in ("source", "."):
+            self.source(rest, line)
+            return
+        if command == "unset":
+            for tok in rest:
+                name = tok.literal() or ""
+                self.env.scalars.pop(name, None)
+                self.env.arrays.pop(name, None)
+            return
+        entry = self._train_entry(words[k:])
+        if entry is not None:
+            self.train_command(words[k:], entry, line)
+            return
+        if command == "eval":
+            self.note("V960", line, "eval is not followed")
+            return
+        if command in ("printf", "read", "mapfile", "readarray"):
+            self.forget_assigned(words[k:])
+        shown = " ".join(t.raw for t in words[k:] if t.kind == "word")
+        self.note("V961", line, f"not run: {shown[:100]}")
+
+    def _train_entry(self, toks: list[Tok]) -> int | None:
+        for k, tok in enumerate(toks):
+            if tok.kind != "word":
+                continue
+            text = tok.literal()
+            if text is None:
+                fields = self.expand_word(tok, tok.line)
+                text = fields[0] if len(fields) == 1 and isinstance(fields[0], str) else None
+            if text and TRAIN_ENTRY.search(text):
+                return k
+        return None
+
+    def train_command(self, toks: list[Tok], entry: int, line: int) -> None:
+        argv: list[Word] = []
+        for tok in toks[entry + 1:]:
+            if tok.kind != "word" or tok.redirects:
+                break  # a redirection or a pipe ends train.py's arguments
+            for field_ in self.expand_word(tok, tok.line):
+                if isinstance(field_, Located):
+                    argv.append(Word(str(field_), field_.file, field_.line))
+                else:
+                    argv.append(Word(field_, self.file, tok.line))
+        if self.reading.argv is not None:
+            self.note("V960", line, "a second train.py command: its flags replace the first's")
+        self.reading.argv = argv
+        self.reading.entry_line = (self.file, line)
+
+    def _assign(self, tok: Tok) -> tuple[str, str, Tok] | None:
+        if not tok.parts or tok.parts[0].kind != "lit" or tok.parts[0].quoted:
+            return None
+        # the name and '=' are unquoted literal characters at the word's start
+        head = ""
+        for index, part in enumerate(tok.parts):
+            if part.kind != "lit" or part.quoted:
+                break
+            head += part.text
+            match = ASSIGN.match(head)
+            if match:
+                value_tok = Tok("word", tok.line, [Part("lit", head[match.end():], False),
+                                                   *tok.parts[index + 1:]])
+                return match.group(1), match.group(2), value_tok
+        return None
+
+    def assign(self, name: str, op: str, value_tok: Tok, line: int) -> None:
+        value = self.scalar(value_tok, line)
+        if op == "+":
+            if name in self.env.arrays:
+                self.env.arrays[name].append(value)
+                return
+            old = self.env.scalars.get(name, "")
+            value = old if isinstance(old, Unknown) else value if isinstance(value, Unknown) \
+                else old + value
+        self.env.arrays.pop(name, None)
+        self.env.scalars[name] = value
+
+    def array_assignment(self, toks: list[Tok], i: int, end: int, live: bool) -> int:
+        head = toks[i]
+        match = ASSIGN.fullmatch(head.text)
+        stop = i + 1
+        items: list[str | Unknown] = []
+        while stop < end and not (toks[stop].kind == "op" and toks[stop].text == ")"):
+            tok = toks[stop]
+            if tok.kind == "word" and live:
+                items.extend(v if isinstance(v, (Unknown, Located)) else Located(v, self.file, tok.line)
+                             for v in self.expand_word(tok, tok.line))
+            elif tok.kind in ("op", "arr") and live:
+                self.note("V960", tok.line, f"{tok.text!r} inside an array is not followed")
+            stop += 1
+        if stop >= end:
+            if live:
+                self.note("V960", head.line, f"the array {match.group(1)}=( has no closing ')'")
+            return end
+        if live:
+            name, append = match.group(1), match.group(2) == "+"
+            if append:
+                base = self.env.arrays.get(name)
+                if base is None:
+                    scalar = self.env.scalars.pop(name, None)
+                    base = [] if scalar is None else [scalar]
+                self.env.arrays[name] = base + items
+            else:
+                self.env.scalars.pop(name, None)
+                self.env.arrays[name] = items
+        return stop + 1
+
+    def source(self, rest: list[Tok], line: int) -> None:
+        if not rest or rest[0].kind != "word":
+            self.note("V960", line, "source without a file")
+            return
+        target = self.scalar(rest[0], line)
+        if isinstance(target, Unknown):
+            self.note("V960", line, f"source of an unknown file: {target.why}")
+            return
+        path = self.find_sourced(target)
+        if path is None:
+            self.note("V974", line, f"cannot read the sourced file {target}")
+            return
+        if self.depth >= MAX_SOURCE_DEPTH:
+            self.note("V960", line, f"source {target}: more than {MAX_SOURCE_DEPTH} files deep")
+            return
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as err:
+            self.note("V974", line, f"cannot read the sourced file {path}: {err.strerror}")
+            return
+        self.reading.sourced.append(str(path))
+        self.depth += 1
+        try:
+            self.read_file(path, text)
+        finally:
+            self.depth -= 1
+
+    def find_sourced(self, target: str) -> Path | None:
+        given = Path(target)
+        candidates = [given] if given.is_absolute() else [self.script_dir / given, given]
+        # a models file named from another checkout: scripts/models/X.sh next to this script
+        parts = given.parts
+        if "models" in parts:
+            candidates.append(self.script_dir.joinpath(*parts[parts.index("models"):]))
+        candidates.append(self.script_dir / "models" / given.name)
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate
+        return None
+
+    # -- if / compound
+    def if_statement(self, toks: list[Tok], i: int, end: int, live: bool) -> int:
+        """if COND; then BODY [elif COND; then BODY]... [else BODY] fi"""
+        branches: list[tuple[list[Tok], int, int]] = []  # (condition, body start, body end)
+        else_body: tuple[int, int] | None = None
+        k = i
+        line = toks[i].line
+        while True:
+            keyword = toks[k].literal() if k < end else None
+            if keyword in ("if", "elif"):
+                then = self._find_keyword(toks, k + 1, end, set(), {"then"})
+                condition = [t for t in toks[k + 1:then] if t.kind != "nl" and
+                             not (t.kind == "op" and t.text == ";")]
+                body_end = self._find_keyword(toks, then + 1, end, {"if"}, {"elif", "else", "fi"})
+                branches.append((condition, then + 1, body_end))
+                k = body_end
+            elif keyword == "else":
+                body_end = self._find_keyword(toks, k + 1, end, {"if"}, {"fi"})
+                else_body = (k + 1, body_end)
+                k = body_end
+            elif keyword == "fi":
+                k += 1
+                break
+            else:  # ran off the end
+                if live:
+                    self.note("V960", line, "an if without its fi is not followed")
+                return end
+        if not live:
+            return k
+        for condition, start, stop in branches:
+            verdict = self.condition(condition)
+            if isinstance(verdict, Unknown):
+                self.note("V960", condition[0].line if condition else line,
+                          f"a condition the reader cannot decide: {verdict.why}; the values its "
+                          "branches set are unknown")
+                for _cond, s, e in branches:
+                    self.forget_assigned(toks[s:e])
+                if else_body:
+                    self.forget_assigned(toks[else_body[0]:else_body[1]])
+                return k
+            if verdict:
+                self.block(toks, start, stop, live=True)
+                return k
+        if else_body:
+            self.block(toks, else_body[0], else_body[1], live=True)
+        return k
+
+    def _find_keyword(self, toks: list[Tok], i: int, end: int, opens: set[str],
+                      closes: set[str]) -> int:
+        """The index of the first of `closes` at this nesting level (if/fi, do/done, {/})."""
+        depth = 0
+        nest_open = {"if": "fi", "case": "esac", "for": "done", "while": "done", "until": "done",
+                     "{": "}"}
+        at_start = True
+        while i < end:
+            tok = toks[i]
+            text = tok.literal() if at_start else None
+            if text in closes and depth == 0:
+                return i
+            if text in nest_open or (text in opens):
+                depth += 1
+            elif text in ("fi", "esac", "done", "}") and depth > 0:
+                depth -= 1
+            at_start = tok.kind == "nl" or (tok.kind == "op" and tok.text in (";", "&&", "||", "|", "(", ")")) \
+                or (text in ("then", "do", "else", "elif", "if", "while", "until", "!", "{"))
+            i += 1
+        return end
+
+    def _matching_paren(self, toks: list[Tok], i: int, end: int) -> int:
+        depth = 0
+        while i < end:
+            if toks[i].kind == "op" and toks[i].text == "(":
+                depth += 1
+            elif toks[i].kind == "op" and toks[i].text == ")":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return end
+
+    def skip_compound(self, toks: list[Tok], i: int, end: int, live: bool) -> int:
+        first = toks[i].literal()
+        if first in ("for", "while", "until", "select"):
+            do = self._find_keyword(toks, i + 1, end, set(), {"do"})
+            stop = self._find_keyword(toks, do + 1, end, set(), {"done"}) + 1
+            what = f"a {first} loop"
+        elif first == "case":
+            stop = self._find_keyword(toks, i + 1, end, set(), {"esac"}) + 1
+            what = "a case statement"
+        else:  # a function definition: NAME() { ... } or function NAME { ... }
+            brace = i
+            while brace < end and toks[brace].literal() != "{":
+                brace += 1
+            stop = self._find_keyword(toks, brace + 1, end, set(), {"}"}) + 1
+            what = "a function definition"
+        stop = min(stop, end)
+        if live:
+            self.note("V960", toks[i].line, f"{what} is not followed; the values it sets are unknown")
+            self.forget_assigned(toks[i:stop])
+        return stop
+
+    def forget_assigned(self, toks: list[Tok]) -> None:
+        """Every variable a skipped piece of script may set becomes Unknown."""
+        for k, tok in enumerate(toks):
+            name = None
+            if tok.kind == "arr":
+                name = ASSIGN.fullmatch(tok.text).group(1)
+            elif tok.kind == "word":
+                match = self._assign(tok)
+                if match:
+                    name = match[0]
+                elif tok.literal() == "-v" and k and toks[k - 1].literal() == "printf" and \
+                        k + 1 < len(toks):
+                    name = toks[k + 1].literal()
+                elif tok.literal() in ("read",) and k + 1 < len(toks):
+                    name = toks[-1].literal()
+            if name and NAME.fullmatch(name):
+                why = Unknown(f"{name} is set on line {tok.line} by script the reader does not "
+                              f"follow; pass --env {name}=VALUE")
+                self.env.arrays.pop(name, None)
+                self.env.scalars[name] = why
+
+    # -- tests
+    def condition(self, toks: list[Tok]) -> bool | Unknown:
+        """A list of [[ ]] / [ ] / (( )) tests joined by && || and !."""
+        groups: list[list[Tok]] = [[]]
+        joins: list[str] = []
+        for tok in toks:
+            if tok.kind == "op" and tok.text in ("&&", "||") and not self._inside_double(groups[-1]):
+                groups.append([])
+                joins.append(tok.text)
+            else:
+                groups[-1].append(tok)
+        result: bool | Unknown = self.one_test(groups[0])
+        for join, group in zip(joins, groups[1:], strict=True):
+            if not isinstance(result, Unknown) and \
+                    ((join == "&&" and not result) or (join == "||" and result)):
+                continue
+            value = self.one_test(group)
+            if isinstance(result, Unknown):
+                if not isinstance(value, Unknown) and ((join == "||" and value) or
+                                                       (join == "&&" and not value)):
+                    result = value
+                continue
+            result = value
+        return result
+
+    @staticmethod
+    def _inside_double(group: list[Tok]) -> bool:
+        opened = sum(1 for t in group if t.literal() == "[[")
+        closed = sum(1 for t in group if t.literal() == "]]")
+        return opened > closed
+
+    def one_test(self, toks: list[Tok]) -> bool | Unknown:
+        negate = False
+        while toks and toks[0].literal() == "!":
+            negate, toks = not negate, toks[1:]
+        if not toks:
+            return Unknown("an empty test")
+        head = toks[0]
+        if head.literal() in ("[[", "[") and toks[-1].literal() in ("]]", "]"):
+            result = self.bracket(toks[1:-1], head.line)
+        elif head.kind == "op" and head.text == "(" and len(toks) >= 4 and toks[1].kind == "op" \
+                and toks[1].text == "(":
+            inner = " ".join(t.raw if t.kind == "word" else t.text for t in toks[2:-2])
+            value = self.arith(inner, head.line)
+            result = value if isinstance(value, Unknown) else value not in ("0", "False")
+        elif head.literal() in ("true", ":"):
+            result = True
+        elif head.literal() == "false":
+            result = False
+        else:
+            shown = " ".join(t.raw if t.kind == "word" else t.text for t in toks)
+            return Unknown(f"`{shown[:60]}` (line {head.line}) runs a command")
+        if isinstance(result, Unknown):
+            return result
+        return result != negate
+
+    def bracket(self, toks: list[Tok], line: int) -> bool | Unknown:
+        # nested && / || inside [[ ]]
+        for join in ("||", "&&"):
+            for k, tok in enumerate(toks):
+                if tok.kind == "op" and tok.text == join:
+                    left, right = self.bracket(toks[:k], line), self.bracket(toks[k + 1:], line)
+                    if join == "||":
+                        if left is True or right is True:
+                            return True
+                    elif left is False or right is False:
+                        return False
+                    if isinstance(left, Unknown):
+                        return left
+                    if isinstance(right, Unknown):
+                        return right
+                    return (left or right) if join == "||" else (left and right)
+        words = [t for t in toks if t.kind == "word"]
+        if words and words[0].literal() == "!":
+            inner = self.bracket(toks[1:], line)
+            return inner if isinstance(inner, Unknown) else not inner
+        self.in_test = True
+        try:
+            values = [self.scalar(t, line) for t in words]
+        finally:
+            self.in_test = False
+        if any(isinstance(v, Unknown) for v in values):
+            return next(v for v in values if isinstance(v, Unknown))
+        raw = [t.literal() for t in words]
+        if len(values) == 1:
+            return values[0] != ""
+        if len(values) == 2 and raw[0] in ("-z", "-n"):
+            return (values[1] == "") == (raw[0] == "-z")
+        if len(values) == 2 and raw[0] in ("-f", "-d", "-e", "-x", "-r", "-s"):
+            return Unknown(f"`{raw[0]} {values[1]}` (line {line}) asks the file system")
+        if len(values) == 3:
+            left, op, right = values[0], raw[1], values[2]
+            if op in ("==", "="):
+                return left == right
+            if op == "!=":
+                return left != right
+            if op in ("-eq", "-ne", "-gt", "-ge", "-lt", "-le"):
+                try:
+                    a, b = int(left), int(right)
+                except ValueError:
+                    return Unknown(f"`{left} {op} {right}` (line {line}) compares non-integers")
+                return {"-eq": a == b, "-ne": a != b, "-gt": a > b, "-ge": a >= b,
+                        "-lt": a < b, "-le": a <= b}[op]
+        shown = " ".join(str(v) for v in values)
+        return Unknown(f"the test `{shown[:60]}` (line {line}) is not one the reader follows")
+
+
+def read_script(path: Path, text: str, environ: dict[str, str]) -> Reading:
+    """Read a launch script (never running it) with `environ` as its environment."""
+    reader = Reader(dict(environ))
+    try:
+        reader.read_file(path, text)
+    except RecursionError:  # expansions nested hundreds deep
+        reader.note("V960", 1, "expansions nested too deeply to follow; the reader stops")
+    return reader.reading

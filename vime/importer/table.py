@@ -1,0 +1,403 @@
+"""The one table from upstream vime's and slime's train.py flags to spec keys.
+
+`vime import` maps a script's flags through FLAGS, and docs/import.md is generated from the
+same rows (`python -m vime.importer.docs`). A row says what becomes of one flag:
+
+  key      the flag's value is a spec key (`value` says how the words are read)
+  arch     a model flag: a [model.arch] key, checked against config.json when it is readable
+  cluster  a flag of the cluster or placement, combined in mapping.cluster_keys
+  derived  vime sets this itself (V965); a value other than `expect` is an error (V963)
+  not_yet  a key being added to vime (V964): the row names the key it will map to
+  none     vime has no equivalent (V963): `why` says why and what to do
+
+Flags not in the table are judged by the catalogues: `--vllm-X` is vLLM's `--X`
+(vime/data/vllm-flags-*.json; it goes to inference.extra_args), a Megatron flag
+(vime/data/megatron-flags-*.json) or an upstream vime or slime flag
+(vime/data/upstream-flags.json) with no row is V963, `--sglang-*` is V967, and anything else
+is V966.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]  # option strings; the first is shown
+    kind: str  # key | arch | cluster | derived | not_yet | none
+    key: str = ""  # key / arch / cluster: the spec key; not_yet: the key it will be
+    value: str = "str"  # str int float true false ints choice reward reward_name json layer_freq
+    severity: str = "error"  # derived/not_yet/none: the diagnostic's severity
+    why: str = ""  # the report's explanation and the docs' text
+    expect: tuple[str, ...] = ()  # derived: the values vime uses
+    choices: dict | None = None  # value == "choice": upstream value -> spec value
+    source: str = "slime"  # whose parser has it: slime (and upstream vime), vime, megatron, vllm, sglang
+    beyond: str = ""  # choice / derived: the key being added for the other values (V964)
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+
+def key(names, spec_key, value="str", source="slime", why="", choices=None, beyond="") -> Flag:
+    names = (names,) if isinstance(names, str) else names
+    return Flag(names, "key", spec_key, value, why=why, choices=choices, source=source,
+                beyond=beyond)
+
+
+def arch(names, spec_key, value="int", why="") -> Flag:
+    names = (names,) if isinstance(names, str) else names
+    return Flag(names, "arch", spec_key, value, why=why, source="megatron")
+
+
+def derived(names, why, expect=(), source="megatron", value="str", beyond="") -> Flag:
+    names = (names,) if isinstance(names, str) else names
+    return Flag(names, "derived", value=value, severity="note", why=why, expect=tuple(expect),
+                source=source, beyond=beyond)
+
+
+def not_yet(names, planned, why, severity="error", source="slime") -> Flag:
+    names = (names,) if isinstance(names, str) else names
+    return Flag(names, "not_yet", planned, severity=severity, why=why, source=source)
+
+
+def none(names, why, severity="error", source="slime") -> Flag:
+    names = (names,) if isinstance(names, str) else names
+    return Flag(names, "none", severity=severity, why=why, source=source)
+
+
+QWEN3 = "vime builds Qwen3 / Qwen3-MoE layers this way from the architecture"
+EVAL = ("evaluation datasets are being added to vime as their own keys; until then the run "
+        "trains without the periodic evaluation")
+
+FLAGS: tuple[Flag, ...] = (
+    # cluster and placement (mapping.cluster_keys combines them)
+    Flag(("--actor-num-nodes",), "cluster", "cluster.nodes", "int",
+         why="with --colocate the cluster's nodes; without, the actor's nodes (train.num_gpus)"),
+    Flag(("--actor-num-gpus-per-node",), "cluster", "cluster.gpus_per_node", "int"),
+    Flag(("--rollout-num-gpus",), "cluster", "inference.num_gpus", "int",
+         why="ignored with --colocate (the engines share every actor GPU)"),
+    Flag(("--colocate",), "cluster", "train.colocate", "true"),
+    Flag(("--num-gpus-per-node",), "cluster", "cluster.gpus_per_node", "int",
+         why="the rollout's GPUs per node; vime has one cluster.gpus_per_node"),
+    key("--rollout-num-gpus-per-engine", "inference.gpus_per_engine", "int"),
+    # model and checkpoints
+    key("--hf-checkpoint", "model.hf_checkpoint"),
+    key("--ref-load", "model.torch_dist_checkpoint",
+        why="the reference and initial weights (torch_dist)"),
+    key("--load", "model.load", source="megatron"),
+    key("--save", "model.save", source="megatron"),
+    key("--save-interval", "checkpoint.save_interval", "int", source="megatron"),
+    key("--train-backend", "train.backend", "choice", choices={"megatron": "megatron"}),
+    key("--seed", "experiment.seed", "int", source="megatron"),
+    # data and rollout
+    key("--prompt-data", "data.prompt_data"),
+    key("--input-key", "data.input_key"),
+    key("--label-key", "data.label_key"),
+    key("--apply-chat-template", "data.apply_chat_template", "true"),
+    key("--rollout-shuffle", "data.shuffle", "true"),
+    key("--num-rollout", "rollout.num_rollout", "int"),
+    key("--rollout-batch-size", "rollout.batch_size", "int"),
+    key("--n-samples-per-prompt", "rollout.n_samples_per_prompt", "int"),
+    key("--rollout-max-prompt-len", "rollout.max_prompt_len", "int"),
+    key("--rollout-max-response-len", "rollout.max_response_len", "int"),
+    key("--rollout-temperature", "rollout.temperature", "float"),
+    key("--rollout-top-p", "rollout.top_p", "float"),
+    key("--rm-type", "rollout.reward", "reward_name",
+        why="a built-in reward of vime (vime/rewards.py); another name is V963"),
+    key("--custom-rm-path", "rollout.reward", "reward",
+        why="module.path.function becomes module.path:function"),
+    # the actor's batch
+    key("--global-batch-size", "train.global_batch_size", "int", source="megatron"),
+    key("--micro-batch-size", "train.micro_batch_size", "int", source="megatron"),
+    key("--num-steps-per-rollout", "train.steps_per_rollout", "int"),
+    key("--use-dynamic-batch-size", "train.dynamic_batch", "true"),
+    key("--max-tokens-per-gpu", "train.max_tokens_per_gpu", "int"),
+    key("--use-rollout-routing-replay", "train.routing_replay", "true",
+        why="R3: the rollout's routed experts replayed in training"),
+    key("--recompute-granularity", "train.recompute", "choice", source="megatron",
+        choices={"full": "full", "selective": "selective"}),
+    key("--transformer-impl", "train.transformer_impl", "choice", source="megatron",
+        choices={"transformer_engine": "transformer_engine", "local": "local"}),
+    # the actor's layout
+    key("--tensor-model-parallel-size", "train.parallel.tp", "int", source="megatron"),
+    key("--pipeline-model-parallel-size", "train.parallel.pp", "int", source="megatron"),
+    key("--context-parallel-size", "train.parallel.cp", "int", source="megatron"),
+    key("--expert-model-parallel-size", "train.parallel.ep", "int", source="megatron"),
+    key("--expert-tensor-parallel-size", "train.parallel.etp", "int", source="megatron"),
+    key("--sequence-parallel", "train.parallel.sequence_parallel", "true", source="megatron"),
+    # optimizer
+    key("--lr", "train.optimizer.lr", "float", source="megatron"),
+    key("--weight-decay", "train.optimizer.weight_decay", "float", source="megatron"),
+    key("--adam-beta1", "train.optimizer.adam_beta1", "float", source="megatron"),
+    key("--adam-beta2", "train.optimizer.adam_beta2", "float", source="megatron"),
+    key("--clip-grad", "train.optimizer.clip_grad", "float", source="megatron"),
+    key("--use-distributed-optimizer", "train.optimizer.distributed", "true", source="megatron"),
+    key("--optimizer-cpu-offload", "train.optimizer.cpu_offload", "true", source="megatron"),
+    key("--overlap-cpu-optimizer-d2h-h2d", "train.optimizer.overlap_cpu_optimizer_d2h_h2d",
+        "true", source="megatron"),
+    key("--use-precision-aware-optimizer", "train.optimizer.precision_aware", "true",
+        source="megatron"),
+    derived("--optimizer", "vime's actor uses Adam (AdamW with weight decay)", ("adam",)),
+    derived("--lr-decay-style", "vime's learning rate is constant", ("constant",),
+            beyond="train.optimizer (LR schedule keys)"),
+    not_yet(("--lr-warmup-iters", "--lr-warmup-fraction", "--lr-warmup-init", "--min-lr",
+             "--lr-decay-iters", "--lr-warmup-samples", "--lr-decay-samples"),
+            "train.optimizer (LR schedule keys)",
+            "a learning-rate schedule is being added to vime's [train.optimizer]; until then "
+            "the rate is constant", source="megatron"),
+    # algorithm
+    key("--advantage-estimator", "algorithm.name", "choice", choices={"grpo": "grpo"},
+        why="grpo; the other estimators are not yet in vime (V964)",
+        beyond="algorithm.advantage_estimator"),
+    key("--eps-clip", "algorithm.eps_clip", "float"),
+    key("--eps-clip-high", "algorithm.eps_clip_high", "float"),
+    key("--kl-loss-coef", "algorithm.kl_loss_coef", "float",
+        why="only with --use-kl-loss; without it the coefficient is 0"),
+    key("--kl-loss-type", "algorithm.kl_estimator", "choice",
+        choices={"k1": "k1", "k2": "k2", "k3": "k3", "low_var_kl": "k3"},
+        why="low_var_kl is the k3 estimator"),
+    derived("--use-kl-loss", "a KL loss is on when algorithm.kl_loss_coef > 0", source="slime"),
+    key("--entropy-coef", "algorithm.entropy_coef", "float"),
+    key("--disable-grpo-std-normalization", "algorithm.std_normalization", "false"),
+    key("--use-tis", "algorithm.tis", "true"),
+    key("--tis-clip", "algorithm.tis_clip", "float"),
+    key("--tis-clip-low", "algorithm.tis_clip_low", "float"),
+    not_yet("--loss-type", "algorithm (loss aggregation)",
+            "the loss aggregation is being added to vime's [algorithm]"),
+    not_yet("--calculate-per-token-loss", "algorithm (loss aggregation)",
+            "the loss aggregation is being added to vime's [algorithm]", source="megatron"),
+    not_yet(("--over-sampling-batch-size", "--dynamic-sampling-filter-path"),
+            "algorithm (dynamic sampling)",
+            "dynamic sampling (DAPO's filter of all-equal groups) is being added to vime"),
+    not_yet(("--offload", "--offload-train", "--offload-rollout"), "train (offload mode)",
+            "an offload mode is being added to vime; a colocated vime job already frees the "
+            "GPUs between phases", severity="warning"),
+    # evaluation
+    not_yet(("--eval-interval", "--eval-prompt-data", "--n-samples-per-eval-prompt",
+             "--eval-max-response-len", "--eval-max-prompt-len", "--eval-top-p", "--eval-top-k",
+             "--eval-temperature", "--eval-input-key", "--eval-label-key", "--eval-config",
+             "--skip-eval-before-train", "--eval-function-path", "--eval-max-context-len",
+             "--eval-min-new-tokens", "--eval-reward-key", "--eval-tool-key"),
+            "evaluation datasets", EVAL, severity="warning"),
+    # logging
+    key("--wandb-project", "logging.wandb_project"),
+    key("--wandb-group", "logging.wandb_group"),
+    derived("--use-wandb", "vime logs to Weights & Biases when logging.wandb_project is set",
+            source="slime"),
+    none(("--wandb-key",), "a secret does not belong in a spec: export WANDB_API_KEY where "
+         "vime runs, or set it in [cluster.env] from your environment", severity="warning"),
+    none(("--wandb-team", "--wandb-host", "--wandb-mode", "--wandb-dir", "--wandb-run-id",
+          "--disable-wandb-random-suffix", "--wandb-always-use-train-step"),
+         "vime sets only logging.wandb_project and logging.wandb_group; the rest comes from "
+         "WANDB_* environment variables", severity="warning"),
+    none(("--use-tensorboard", "--tb-project-name", "--tb-experiment-name"),
+         "vime writes TensorBoard logs to logging.tensorboard_dir: set it", severity="warning"),
+    # the rollout engines (vLLM, upstream vime's --vllm-* flags)
+    key("--vllm-gpu-memory-utilization", "inference.gpu_memory_utilization", "float",
+        source="vime"),
+    key("--vllm-cudagraph-capture-sizes", "inference.cudagraph_capture_sizes", "ints",
+        source="vime"),
+    key("--vllm-data-parallel-size", "inference.data_parallel_size", "int", source="vime"),
+    key("--vllm-enable-expert-parallel", "inference.expert_parallel", "true", source="vime"),
+    key("--vllm-enable-eplb", "inference.eplb.enabled", "true", source="vime"),
+    key("--vllm-eplb-config", "inference.eplb", "json", source="vime",
+        why="num_redundant_experts, window_size and step_interval"),
+    key("--vllm-moe-backend", "inference.moe_backend", source="vime"),
+    none("--vllm-pipeline-parallel-size", "vime's engines are TP × DP (× EP) without pipeline "
+         "stages", source="vime"),
+    # SGLang (slime): vime's engines are vLLM; these have a vLLM equivalent
+    Flag(("--sglang-mem-fraction-static",), "key", "inference.gpu_memory_utilization", "float",
+         why="SGLang's static memory fraction becomes vLLM's gpu_memory_utilization (V967)",
+         source="sglang"),
+    Flag(("--sglang-cuda-graph-bs",), "key", "inference.cudagraph_capture_sizes", "ints",
+         why="SGLang's CUDA-graph batch sizes become vLLM's capture sizes (V967)",
+         source="sglang"),
+    Flag(("--sglang-enable-ep-moe",), "key", "inference.expert_parallel", "true",
+         why="SGLang's expert parallelism becomes vLLM's (V967)", source="sglang"),
+    Flag(("--sglang-dp-size",), "key", "inference.data_parallel_size", "int",
+         why="SGLang's data parallelism becomes vLLM's data_parallel_size (V967)",
+         source="sglang"),
+    derived(("--sglang-ep-size",), "vLLM's EP size is TP × DP (inference.expert_parallel)",
+            source="sglang"),
+    derived(("--sglang-enable-dp-attention",),
+            "vLLM's data_parallel_size is attention data parallelism", source="sglang"),
+    # derived from the architecture or fixed by vime's model builder
+    arch("--num-layers", "num_hidden_layers"),
+    arch("--hidden-size", "hidden_size"),
+    arch("--ffn-hidden-size", "intermediate_size"),
+    arch("--num-attention-heads", "num_attention_heads"),
+    arch("--num-query-groups", "num_key_value_heads"),
+    arch("--kv-channels", "head_dim"),
+    arch("--vocab-size", "vocab_size"),
+    arch("--num-experts", "num_experts"),
+    arch("--moe-router-topk", "num_experts_per_tok"),
+    arch("--moe-ffn-hidden-size", "moe_intermediate_size"),
+    arch("--max-position-embeddings", "max_position_embeddings"),
+    arch("--rotary-base", "rope_theta", "float"),
+    arch("--norm-epsilon", "rms_norm_eps", "float"),
+    arch("--untie-embeddings-and-output-weights", "tie_word_embeddings", "false"),
+    arch("--moe-layer-freq", "mlp_only_layers", "layer_freq",
+         why="1 or [1, 1, ...]: the MoE layers (0 marks a dense one)"),
+    derived("--swiglu", QWEN3),
+    derived("--disable-bias-linear", QWEN3),
+    derived("--qk-layernorm", QWEN3),
+    derived("--group-query-attention", QWEN3),
+    derived("--use-rotary-position-embeddings", QWEN3),
+    derived("--normalization", QWEN3, ("RMSNorm",)),
+    derived("--position-embedding-type", QWEN3, ("rope",)),
+    derived("--rotary-percent", QWEN3, ("1.0", "1")),
+    derived("--moe-router-score-function", QWEN3, ("softmax",)),
+    derived("--moe-router-dtype", QWEN3, ("fp32",)),
+    derived("--moe-aux-loss-coeff", "vime trains without the auxiliary load-balancing loss",
+            ("0", "0.0")),
+    derived("--moe-token-dispatcher-type", "vime dispatches tokens all-to-all", ("alltoall",)),
+    derived("--moe-token-drop-policy", "vime drops no tokens (no capacity factor)", ("probs",)),
+    derived("--moe-grouped-gemm", "vime's experts run as one grouped GEMM"),
+    derived("--moe-permute-fusion", "a kernel choice vime makes itself"),
+    derived(("--attention-dropout", "--hidden-dropout"), "vime trains without dropout",
+            ("0", "0.0")),
+    derived("--accumulate-allreduce-grads-in-fp32", "vime's megatron.args always has it"),
+    derived("--attention-softmax-in-fp32", "vime's megatron.args always has it"),
+    derived("--attention-backend", "the attention kernel comes with train.transformer_impl",
+            ("flash", "auto")),
+    derived("--bf16", "vime trains in bf16"),
+    derived("--seq-length", "derived from rollout.max_prompt_len + rollout.max_response_len"),
+    derived(("--recompute-method",), "vime recomputes uniformly, one layer per chunk",
+            ("uniform",)),
+    derived(("--recompute-num-layers",), "vime recomputes uniformly, one layer per chunk",
+            ("1",)),
+    derived("--model-name", "vime reads the model type from config.json", source="slime"),
+    derived("--qkv-format", "vime packs sequences (thd)", ("thd",), source="vime"),
+    derived("--megatron-to-hf-mode", "vime converts weights itself (raw)", ("raw",),
+            source="vime"),
+    none("--balance-data", "vime shares each rollout's samples over the data-parallel ranks "
+         "by count, not by tokens; this changes the step's time, not what is trained",
+         severity="warning"),
+    derived("--rollout-seed", "vime derives the rollout's seeds from experiment.seed",
+            source="slime"),
+    none("--add-qkv-bias", "vime's runtime builds Qwen3 without QKV bias (V102)",
+         source="megatron"),
+    none("--fp16", "vime trains in bf16", source="megatron"),
+    none("--use-routing-replay", "vime replays the rollout's routing (R3: "
+         "--use-rollout-routing-replay, train.routing_replay), not the actor's own"),
+    none("--num-epoch", "set rollout.num_rollout: the number of rollouts the run makes"),
+    none("--train-memory-margin-bytes", "vime's memory plan (`vime plan`) checks the actor's "
+         "room before the run", severity="warning", source="vime"),
+    none(("--save-hf",), "convert a checkpoint with `vime convert --to hf`", severity="warning"),
+)
+
+# What a flag's absence means upstream, where vime's default differs (written to the spec so it
+# means what the script meant). key -> (the upstream default, the flag whose absence it is,
+# whose default it is).
+UPSTREAM_DEFAULTS: dict[str, tuple[object, str, str]] = {
+    "data.shuffle": (False, "--rollout-shuffle", "train.py's"),
+    "train.dynamic_batch": (False, "--use-dynamic-batch-size", "train.py's"),
+    "train.optimizer.adam_beta2": (0.999, "--adam-beta2", "Megatron's"),
+    "train.optimizer.weight_decay": (0.01, "--weight-decay", "Megatron's"),
+    "inference.gpu_memory_utilization": (0.9, "--vllm-gpu-memory-utilization", "vLLM's"),
+}
+
+# The codes of vime import's report: code -> (name, severity, explanation).
+CODES: dict[str, tuple[str, str, str]] = {
+    "V960": ("shell-not-followed", "warning", """A construct of the script the reader does not follow.
+
+        vime import reads the script without running it: assignments, arrays, `source`,
+        `${VAR:-default}`, `if` on known values, `$(seq ...)` and `$((...))`. A loop, a
+        function, a command substitution or a condition on something only a run knows is
+        skipped, and what it would have set is unknown rather than guessed.
+        Fix: pass the values it decides with --env NAME=VALUE, or import the flag list
+        train.py received with --argv."""),
+    "V961": ("command-not-run", "note", """A command of the script that vime import does not run.
+
+        `pkill`, `ray start`, `echo`, `sleep` and the like prepare a machine for the script;
+        vime submit does that work itself (it starts and stops Ray on every node).
+        Fix: nothing to do, unless the command set something the flags read."""),
+    "V962": ("value-unknown", "error", """A flag's value depends on something the reader cannot know.
+
+        The value comes from a command's output, an unset variable or a branch the reader
+        could not decide; the key is left out of the spec rather than guessed.
+        Fix: pass the variable with --env NAME=VALUE (the message names it), or write the
+        key in the spec."""),
+    "V963": ("no-equivalent", "error", """A flag vime has no key for.
+
+        vime builds Megatron's and vLLM's arguments from the spec's keys; a flag with no key
+        is not passed on. The message says why and what to do: some are settings vime
+        makes itself, some belong elsewhere (a secret in the environment), some change the
+        run and vime cannot express them yet. A warning is a flag whose loss does not change
+        what is trained.
+        Fix: follow the help line; if the flag matters to the run, the spec is not complete."""),
+    "V964": ("not-yet-in-vime", "error", """A flag whose key is being added to vime.
+
+        The key it will map to is named; until it exists the run behaves as vime's default
+        does (a constant learning rate, no evaluation, token-mean loss, no dynamic sampling).
+        Fix: import again with a newer vime, or accept vime's default for this run."""),
+    "V965": ("derived-by-vime", "note", """A flag vime sets itself from the spec.
+
+        Model-structure flags (--swiglu, --qk-layernorm, ...), numerics (--bf16, fp32
+        softmax and gradient accumulation) and kernel choices follow from the architecture
+        in config.json and from train.transformer_impl; vime's megatron.args shows them.
+        Fix: nothing to do; a value other than the one vime uses is reported as V963."""),
+    "V966": ("unknown-flag", "error", """A flag no parser vime knows has: not upstream vime's or slime's train.py, not Megatron's, not vLLM's.
+
+        It is most often a typo or a flag of another version; vime suggests the closest
+        known flag.
+        Fix: correct the flag in the script and import again, or write the key it meant."""),
+    "V967": ("sglang-flag", "warning", """An SGLang flag: vime's rollout engines are vLLM.
+
+        A flag with a vLLM equivalent (memory fraction, CUDA-graph sizes, DP, EP) is
+        translated and reported as a warning, because the engines differ in what the
+        numbers cover; any other SGLang flag is an error.
+        Fix: review the translated keys; for the rest, find vLLM's flag and add it to
+        inference.extra_args."""),
+    "V968": ("model-mismatch", "error", """A model flag that contradicts the checkpoint's config.json.
+
+        The script's model args (--num-layers, --hidden-size, ...) must describe the
+        checkpoint in --hf-checkpoint; vime reads the architecture from its config.json.
+        Fix: check that the models file sourced is the one for this checkpoint."""),
+    "V969": ("cluster-unknown", "error", """The script does not say how many nodes or GPUs it runs on.
+
+        The cluster comes from --actor-num-nodes, --actor-num-gpus-per-node,
+        --rollout-num-gpus and --colocate (or ACTOR_NUM_NODES / ACTOR_NUM_GPUS_PER_NODE).
+        Fix: pass --env ACTOR_NUM_NODES=N (or the variable the script reads), or set
+        cluster.nodes and cluster.gpus_per_node in the spec."""),
+    "V970": ("to-extra-args", "note", """A vLLM flag passed through to inference.extra_args.
+
+        Upstream vime's `--vllm-X` flags are vLLM's `--X`; one without its own spec key goes
+        to inference.extra_args, which vime checks against vLLM's flags (V511 and after).
+        Fix: nothing to do."""),
+    "V971": ("flag-twice", "warning", """A flag given twice: the last value is taken, as argparse does.
+
+        Fix: remove the first one from the script."""),
+    "V972": ("key-missing", "error", """A key the spec needs that the script did not give.
+
+        The experiment needs the model checkpoint, the prompt data, the rollout count and
+        batch, and the cluster; the script had no flag for it.
+        Fix: write the key in the spec (the message names it)."""),
+    "V973": ("no-train-command", "error", """The script runs no train.py: no flags to import.
+
+        vime import takes the flags after `train.py` (or `train_async.py`) on the command
+        that runs it, usually `ray job submit ... -- python3 train.py ...`.
+        Fix: import the flag list with --argv, e.g. `vime import --argv -- --actor-num-nodes
+        1 ...`."""),
+    "V974": ("source-not-found", "error", """A file the script sources cannot be read.
+
+        `source`/`.` is followed for a file next to the script (models/X.sh is also looked
+        for in a models folder beside it); its MODEL_ARGS are usually what is missing.
+        Fix: put the models file beside the script as the path says, or pass the model with
+        the spec's model.hf_checkpoint (config.json)."""),
+}
+
+TABLE_BY_NAME: dict[str, Flag] = {name: row for row in FLAGS for name in row.names}
+
+
+def explain(code: str) -> str | None:
+    """`vime explain` text of an import code."""
+    import inspect
+
+    found = CODES.get(code.upper())
+    if found is None:
+        return None
+    name, severity, text = found
+    return f"{code.upper()} {name} ({severity}; reported by vime import)\n\n{inspect.cleandoc(text)}\n"
