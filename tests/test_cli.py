@@ -140,8 +140,10 @@ def test_compile_with_errors_writes_nothing(tmp_path, capsys):
 
 def test_plan_imports_no_heavy_library():
     code = (
-        "import sys; from vime.cli import main; rc = main(['plan', sys.argv[1]]); "
-        "heavy = {'torch', 'ray', 'vllm', 'megatron', 'submitit'} & {m.split('.')[0] for m in sys.modules}; "
+        "import sys; from vime.cli import main; rc = main(['plan', sys.argv[1], '--set', "
+        "'logging.wandb_project=\"x\"', '--set', 'logging.tensorboard_dir=\"tb\"']); "
+        "heavy = {'torch', 'ray', 'vllm', 'megatron', 'submitit', 'wandb', 'tensorboard', "
+        "'transformer_engine'} & {m.split('.')[0] for m in sys.modules}; "
         "print(sorted(heavy)); sys.exit(rc or bool(heavy))"
     )
     proc = subprocess.run([sys.executable, "-c", code, SPEC], capture_output=True, text=True,

@@ -1,4 +1,5 @@
-"""`vime` command line. Exit codes: 0 ok, 1 problems in the spec, 2 usage, 3 internal error,
+"""`vime` command line. Exit codes: 0 ok, 1 problems in the spec (`doctor`: a package the spec
+needs does not import), 2 usage, 3 internal error,
 4 a job run here (`submit --local`, `--ray-address`) failed or was cancelled; such a job
 stopped by Ctrl-C exits 130, by SIGHUP 129, by SIGTERM 143 (128 + the signal)."""
 
@@ -95,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--single-gpu", action="store_true",
                          help="save with tp = ep = 1 from one process (megatron-core reshards "
                               "it on load, slowly for expert parallelism)")
+    doctor = verbs.add_parser("doctor", help="which of torch, Ray, vLLM, megatron-core, "
+                              "Transformer Engine, wandb and TensorBoard import here, with "
+                              "versions, and which the spec needs")
+    doctor.add_argument("spec", nargs="?", help="the experiment spec (TOML) whose needs to check")
+    doctor.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key, TOML value syntax (repeatable)")
+    doctor.add_argument("--no-import", action="store_true",
+                        help="read package metadata only; import nothing (fast)")
     return parser
 
 
@@ -418,6 +427,36 @@ def cmd_convert(args) -> int:
     return EXIT_OK if completed.returncode == 0 else EXIT_INTERNAL
 
 
+def cmd_doctor(args) -> int:
+    """Print what is installed in this Python and, given a spec, what it needs; exit 1 when
+    a package the spec needs does not import here."""
+    from vime import doctor
+
+    wanted: dict[str, str] = {}
+    if args.spec:
+        args.strict, args.format = False, "human"
+        source, result = _load(args)
+        if result.spec is None:
+            _print_diagnostics(result, args.format)
+            return EXIT_SPEC
+        wanted = doctor.needs(result.spec)
+    found = doctor.installed() if args.no_import else doctor.imports()
+    print(f"python {sys.executable} ({sys.version.split()[0]})")
+    for line in doctor.table(found, wanted):
+        print(line)
+    if not args.spec:
+        return EXIT_OK
+    lacking = doctor.missing(found, wanted)
+    if lacking:
+        names = ", ".join(f.package.module for f in lacking)
+        print(f"{args.spec} needs {plural(len(lacking), 'package')} this Python cannot "
+              f"import: {names}")
+        return EXIT_SPEC
+    print(f"{args.spec}: every package it needs imports here"
+          + (" (metadata only: --no-import)" if args.no_import else ""))
+    return EXIT_OK
+
+
 def cmd_follow(args) -> int:
     from vime.launch import follow, slurm
 
@@ -440,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"plan": cmd_plan, "compile": cmd_compile, "explain": cmd_explain,
                "submit": cmd_submit, "status": cmd_follow, "logs": cmd_follow,
-               "cancel": cmd_follow, "convert": cmd_convert}[args.verb]
+               "cancel": cmd_follow, "convert": cmd_convert,
+               "doctor": cmd_doctor}[args.verb]
     try:
         return handler(args)
     except UsageError as err:
