@@ -196,15 +196,22 @@ def cmd_submit(args) -> int:
 
     source, result = _load(args)
     launcher = "local" if args.local else "ray-address" if args.ray_address else "slurm"
-    if result.ok and launcher != "local":  # paths the nodes need, on this machine only (V701)
-        python = sys.executable if launcher == "slurm" else None  # a Ray cluster runs its own
-        result.diagnostics = shared.with_unshared(result, source.name, python, args.strict)
-    elif result.ok and launcher == "local":  # the GPUs this machine's environment shows (V707)
+    if result.ok:
+        from vime.check import files
         from vime.check.cluster import hidden_in_local_environment
         from vime.diagnostics import finalize
 
-        result.diagnostics = finalize([*result.diagnostics, *hidden_in_local_environment(
-            result.spec, os.environ)], args.strict)
+        # the checkpoint folder where this launcher's job reads it (V730)
+        default_driver = (os.environ.get("VIME_DRIVER") or submit.DEFAULT_DRIVER) == \
+            submit.DEFAULT_DRIVER
+        said = files.at_submit(result.spec, launcher, default_driver)
+        if launcher == "local":  # and the GPUs this machine's environment shows (V707)
+            said += hidden_in_local_environment(result.spec, os.environ)
+        result.diagnostics = finalize([*(d for d in result.diagnostics if not (
+            d.code == "V730" and any(s.code == "V730" for s in said))), *said], args.strict)
+        if launcher != "local":  # paths the nodes need, on this machine only (V701)
+            python = sys.executable if launcher == "slurm" else None  # a Ray cluster: its own
+            result.diagnostics = shared.with_unshared(result, source.name, python, args.strict)
     _print_diagnostics(result, args.format)
     if not result.ok:
         return EXIT_SPEC

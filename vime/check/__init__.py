@@ -5,6 +5,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     checkpoint,
     cluster,
     engine_flags,
+    files,
     install,
     layout,
     memory,

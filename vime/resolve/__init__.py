@@ -21,6 +21,7 @@ from vime.resolve.model import PRESETS, Arch, ArchError, arch_from_config
 from vime.resolve.spec import (
     SECTIONS,
     Derived,
+    HfFolder,
     ModelConfig,
     Origin,
     ResumeCheckpoint,
@@ -150,6 +151,23 @@ def read_saved_layout(model: dict, spec_dir: FsPath) -> SavedLayout | None:
     return SavedLayout(str(folder), sizes)
 
 
+def read_hf_folder(model: dict, spec_dir: FsPath, cwd: FsPath) -> HfFolder:
+    """model.hf_checkpoint on this machine, found as the runtime finds it."""
+    path = FsPath(os.path.expanduser(model["hf_checkpoint"]))
+    relative = not path.is_absolute()
+    if relative:
+        path = spec_dir / path if (spec_dir / path).exists() or not (
+            cwd / path).exists() else cwd / path
+    path = FsPath(os.path.normpath(path))
+    try:
+        exists = path.exists()
+        tokenizer = exists and any((path / name).is_file()
+                                   for name in ("tokenizer.json", "tokenizer_config.json"))
+    except OSError:
+        exists = tokenizer = False
+    return HfFolder(str(path), exists, relative, tokenizer)
+
+
 def resume_folder(values: dict, spec_dir: FsPath, cwd: FsPath) -> tuple[FsPath, str]:
     """The folder a submit of this spec resumes from, and the key that names it: model.load,
     else model.save, else <output_dir>/<experiment.name>/checkpoints, with relative paths
@@ -264,6 +282,7 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath, resume: bool = Tr
                     if resolution.config is not None else None)
     return Spec(**sections, arch=resolution.arch, derived=derived, arch_problem=problem,
                 model_config=model_config,
+                hf_folder=read_hf_folder(values["model"], spec_dir, FsPath.cwd()),
                 torch_dist_layout=saved_layout, resume_checkpoint=resume_checkpoint,
                 invocation=invocation, origins=origins)
 
