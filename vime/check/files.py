@@ -1,4 +1,4 @@
-"""V730: model.hf_checkpoint on the machine vime runs on.
+"""V730-V731: model.hf_checkpoint and data.prompt_data on the machine vime runs on.
 
 resolve looks the folder up as the runtime will (Spec.hf_folder); the rule reports what plan
 and compile can know, and `vime submit` adds what its launcher decides (at_submit): a job run
@@ -6,6 +6,7 @@ here (`--local`) reads this machine's folder, a Slurm job its nodes'."""
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from vime.check.registry import Finding, rule
@@ -80,3 +81,48 @@ def at_submit(spec: Spec, launcher: str, default_driver: bool) -> list[Diagnosti
                        "it, or the driver stops after the queue wait", location,
                        help=f"check it on a node (`srun -N1 ls {value}`), or "
                        + _download_help(value))]
+
+
+# the names datasets give the prompt and the answer, most usual first
+_USUAL_NAMES = {
+    "data.input_key": ("prompt", "problem", "question", "query", "input", "instruction"),
+    "data.label_key": ("label", "answer", "solution", "ground_truth", "reference", "target"),
+}
+
+
+@rule("V731", "prompt-records-have-keys", enforced_by="vime")
+def prompt_records_have_keys(spec: Spec):
+    """The first records of data.prompt_data lack data.input_key or data.label_key, or are not
+    JSON objects.
+
+    The driver reads every record of the prompt file when the job starts, after the queue wait
+    and Ray's start-up (runtime/rl/data.py), and stops at the first one without the prompt or
+    the label: "prompts.jsonl:1: no key 'prompt' (data.input_key / data.label_key); it has
+    ['label', 'problem']". Datasets name these columns differently (DAPO-Math-17k "prompt" and
+    "label", DeepScaleR "problem" and "answer"). When the file is readable where vime runs,
+    vime reads its first 20 records (one JSON object per line) and checks each has both keys;
+    a file on the cluster only is checked by the job itself before Ray starts.
+    Fix: set data.input_key and data.label_key to the record's names (the help line lists
+    them and the closest), or point data.prompt_data at a file in that format."""
+    sample = spec.prompt_sample
+    if sample is None or (sample.problem is None and not sample.missing):
+        return
+    where = f"{sample.path}:{sample.line}"
+    if sample.problem:
+        yield Finding("data.prompt_data", f"{where}: {sample.problem}; the driver reads one JSON "
+                      "object per line", help="write the prompt file as JSON lines: "
+                      '{"prompt": "...", "label": "..."} on each line')
+        return
+    names = {"data.input_key": spec.data.input_key, "data.label_key": spec.data.label_key}
+    for key, value in names.items():
+        if value not in sample.missing:
+            continue
+        others = [k for k in sample.keys if k not in names.values()]
+        usual = [k for k in _USUAL_NAMES[key] if k in others]
+        close = usual or difflib.get_close_matches(value, others, n=1, cutoff=0.6)
+        keys = ", ".join(sample.keys) or "none"
+        fix = (f'did you mean {key} = "{close[0]}"? the record\'s keys are {keys}' if close
+               else f"the record's keys are {keys}")
+        yield Finding(key, f"{key} = {value!r}, but record {sample.records} of "
+                      f"data.prompt_data ({where}) has no such key", help=fix,
+                      related=("data.prompt_data",))

@@ -246,6 +246,18 @@ class HfFolder:
 
 
 @dataclass(frozen=True)
+class PromptSample:
+    """The first records of data.prompt_data, read where vime runs when the file is there."""
+
+    path: str
+    records: int  # how many were read
+    line: int | None = None  # the first line with a problem
+    problem: str | None = None  # "not JSON: ...", "not a JSON object"
+    keys: tuple[str, ...] = ()  # the keys of the record at `line` (or of the first record)
+    missing: tuple[str, ...] = ()  # data.input_key / data.label_key that record lacks
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The model's config.json (or preset) as read, before [model.arch] is applied: what the
     support matrix (V102) and the contradiction rule (V103) read. vLLM serves this file."""
@@ -278,6 +290,8 @@ class Spec:
     model_config: ModelConfig | None = field(default=None, compare=False)
     # model.hf_checkpoint as found on this machine
     hf_folder: HfFolder | None = field(default=None, compare=False)
+    # None when data.prompt_data is not readable here
+    prompt_sample: PromptSample | None = field(default=None, compare=False)
     # the spec file and its --set arguments as given, for help lines that print a command
     invocation: tuple[str, ...] = field(default=(), compare=False)
     origins: dict[str, Origin] = field(default_factory=dict, compare=False)
