@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--single-gpu", action="store_true",
                          help="save with tp = ep = 1 from one process (megatron-core reshards "
                               "it on load, slowly for expert parallelism)")
+    report = verbs.add_parser("report", help="the run's curves (reward, eval, response "
+                              "length, log-prob gap, route match, time per phase) as one HTML "
+                              "file in the job folder")
+    report.add_argument("job", help="Slurm job id or job folder")
+    report.add_argument("-o", "--output", help="the file to write (default <job folder>/"
+                        "report.html)")
     doctor = verbs.add_parser("doctor", help="which of torch, Ray, vLLM, megatron-core, "
                               "Transformer Engine, wandb and TensorBoard import here, with "
                               "versions, and which the spec needs")
@@ -218,7 +224,8 @@ def cmd_submit(args) -> int:
     try:
         prepared = submit.prepare(result, source.name, source.text,
                                   plan_json.plan_object(source.name, result.diagnostics,
-                                                        result.spec, result.plan), launcher)
+                                                        result.spec, result.plan), launcher,
+                                  ray_address=args.ray_address)
         if args.dry_run:
             sys.stdout.write(submit.dry_run_text(prepared))
             return EXIT_OK
@@ -265,9 +272,10 @@ def _fresh(args, prepared, launcher: str):
         _print_diagnostics(result, args.format)
         raise UsageError("--fresh: the spec did not compile under its new name")
     prepared = submit.prepare(result, source.name, source.text, plan_json.plan_object(
-        source.name, result.diagnostics, result.spec, result.plan), launcher)
+        source.name, result.diagnostics, result.spec, result.plan), launcher,
+        ray_address=args.ray_address)
     print(f"vime: --fresh: a new run {name} in {prepared.experiment_dir} (the old one stays; "
-          f"resume this one with --set experiment.name={name})", flush=True)
+          f"resume this one with {prepared.info['resume']})", flush=True)
     return source, result, prepared
 
 
@@ -380,7 +388,7 @@ def _run_here(args, prepared, start, launcher: str) -> int:
     after = resume.start_point(spec, prepared.experiment_dir) if state in progress.STOPPED \
         else None
     print(shown.ending(job_id, state, outcome.get("error"), folder.path / "logs" / "node-0.log",
-                       after))
+                       after, resume_with=folder.info.get("resume")))
     if not quiet or state != "succeeded":
         print(f"job folder  {folder.path}")
     # a local or attached job has ended by now: there is nothing left to follow
@@ -432,6 +440,24 @@ def cmd_convert(args) -> int:
         return EXIT_OK
     completed = subprocess.run(command, check=False)
     return EXIT_OK if completed.returncode == 0 else EXIT_INTERNAL
+
+
+def cmd_report(args) -> int:
+    """Write the report of a job's run and print where it is."""
+    from vime import report
+    from vime.launch import follow, slurm
+
+    try:
+        folder = follow.find(args.job)
+    except (follow.FollowError, slurm.SlurmError) as err:
+        raise UsageError(str(err)) from None
+    try:
+        path, rollouts = report.write(folder, Path(args.output) if args.output else None)
+    except OSError as err:
+        raise UsageError(f"cannot write the report: {err}") from None
+    print(f"wrote {path}: {plural(rollouts, 'rollout')} of {folder.path.parent.name} "
+          "(open it in a browser; it needs no server)")
+    return EXIT_OK
 
 
 def cmd_doctor(args) -> int:
@@ -487,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"plan": cmd_plan, "compile": cmd_compile, "explain": cmd_explain,
                "submit": cmd_submit, "status": cmd_follow, "logs": cmd_follow,
                "cancel": cmd_follow, "convert": cmd_convert,
-               "doctor": cmd_doctor}[args.verb]
+               "doctor": cmd_doctor, "report": cmd_report}[args.verb]
     try:
         return handler(args)
     except UsageError as err:

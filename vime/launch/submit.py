@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vime import __version__
 from vime.emit import build
-from vime.launch import jobdir, paths, ports, slurm
+from vime.launch import jobdir, paths, ports, resume, slurm
 from vime.launch.jobdir import JobFolder
 
 DEFAULT_DRIVER = "runtime.node.driver:run"
@@ -52,9 +52,10 @@ def experiment_dir(output_dir: str, name: str) -> Path:
 
 
 def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher: str,
-            spec_dir: Path | None = None) -> Prepared:
+            spec_dir: Path | None = None, ray_address: str | None = None) -> Prepared:
     """The job folder's files; the spec's relative paths are read from spec_dir (default: the
-    spec's own folder) and the folder vime runs in."""
+    spec's own folder) and the folder vime runs in. job.json records the submit that resumes
+    the run (ray_address: that of --ray-address)."""
     # the job runs elsewhere (another node, another working folder): its files get absolute
     # paths, while `vime compile`'s stay as written (vime/launch/paths.py)
     spec = paths.absolute(result.spec, spec_dir or Path(source_name).resolve().parent,
@@ -86,6 +87,7 @@ def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher
         "nodes": spec.cluster.nodes,
         "gpus_per_node": spec.cluster.gpus_per_node,
         "driver": launch["driver"],
+        "resume": resume.command(result.spec.invocation, launcher, ray_address, Path.cwd()),
     }
     return Prepared(folder, script, files, launch, info, plan)
 
