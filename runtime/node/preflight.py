@@ -48,11 +48,20 @@ def prompt_data_problem(value: str, spec_dir: Path) -> str | None:
         return f"data.prompt_data: {err.filename}: {err.strerror}"
 
 
-def reward_problem(name: str) -> str | None:
+def spec_dir_of(job_dir: Path) -> str | None:
+    """The spec's folder as `vime submit` recorded it (job.json), where rollout.reward's
+    module is looked for first; None for a job folder without it."""
+    try:
+        return json.loads((job_dir / "job.json").read_text()).get("spec_dir")
+    except (OSError, ValueError):
+        return None
+
+
+def reward_problem(name: str, spec_dir: str | None = None) -> str | None:
     if name in rewards.BUILTIN:
         return None
     try:
-        rewards.load(name)
+        rewards.load(name, spec_dir)
     except ValueError as err:
         return str(err)
     except Exception as err:  # the module's own code failed on import
@@ -65,7 +74,7 @@ def check_job(job_dir: Path) -> None:
     plan = json.loads((job_dir / "plan.json").read_text())
     spec = tomllib.loads((job_dir / "resolved.toml").read_text())
     problem = (prompt_data_problem(spec["data"]["prompt_data"], _spec_dir(plan, job_dir))
-               or reward_problem(spec["rollout"]["reward"]))
+               or reward_problem(spec["rollout"]["reward"], spec_dir_of(job_dir)))
     if problem:
         raise PreflightError(problem)
 

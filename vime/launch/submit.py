@@ -58,8 +58,8 @@ def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher
     the run (ray_address: that of --ray-address)."""
     # the job runs elsewhere (another node, another working folder): its files get absolute
     # paths, while `vime compile`'s stay as written (vime/launch/paths.py)
-    spec = paths.absolute(result.spec, spec_dir or Path(source_name).resolve().parent,
-                          Path.cwd())
+    spec_dir = spec_dir or Path(source_name).resolve().parent
+    spec = paths.absolute(result.spec, spec_dir, Path.cwd())
     plan = dataclasses.replace(result.plan, spec=spec)
     folder = experiment_dir(spec.experiment.output_dir, spec.experiment.name)
     # job.sbatch has no path from the spec: the same text as the build folder's (vime compile)
@@ -81,6 +81,7 @@ def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher
         "launcher": launcher,
         "experiment": spec.experiment.name,
         "spec": source_name,
+        "spec_dir": str(spec_dir),  # rollout.reward's module is looked for here first
         "spec_sha256": hashlib.sha256(source_text.encode()).hexdigest(),
         "vime_version": __version__,
         "python": sys.executable,

@@ -324,6 +324,7 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath, resume: bool = Tr
                 model_config=model_config,
                 hf_folder=read_hf_folder(values["model"], spec_dir, FsPath.cwd()),
                 prompt_sample=read_prompt_sample(values["data"], spec_dir, FsPath.cwd()),
+                spec_dir=str(spec_dir),
                 torch_dist_layout=saved_layout, resume_checkpoint=resume_checkpoint,
                 invocation=invocation, origins=origins)
 

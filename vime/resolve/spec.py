@@ -292,6 +292,8 @@ class Spec:
     hf_folder: HfFolder | None = field(default=None, compare=False)
     # None when data.prompt_data is not readable here
     prompt_sample: PromptSample | None = field(default=None, compare=False)
+    # the spec file's folder: relative paths and rollout.reward's module are read from there
+    spec_dir: str | None = field(default=None, compare=False)
     # the spec file and its --set arguments as given, for help lines that print a command
     invocation: tuple[str, ...] = field(default=(), compare=False)
     origins: dict[str, Origin] = field(default_factory=dict, compare=False)
