@@ -14,6 +14,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     rewards,
     rollout,
     runtime,
+    scheduler,
 )
 from vime.check.registry import RULES, STAGE_CODES, Finding, explain, rule, run
 
