@@ -2,6 +2,7 @@
 
 from vime.check import (  # noqa: F401  (registers rules)
     batch,
+    cards,
     checkpoint,
     cluster,
     engine_flags,
