@@ -98,6 +98,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/vime submit --local specs/tiny_cpu.toml --set rollout.num_rollout=20
 	$(VENV)/bin/vime submit --local specs/tiny_cpu.toml
 	$(PY) -m runtime.rl.metrics build/runs/tiny-cpu/local-*
+	$(VENV)/bin/vime report $$(ls -td build/runs/tiny-cpu/local-* | head -1)
 	@echo "vime is in $(VENV)/bin: \`source $(VENV)/bin/activate\` for the bare \`vime plan ...\` of the README"
 
 clean:

@@ -63,3 +63,53 @@ def _preset_checkpoint(tmp_path):
         return folder
 
     return make
+
+
+def read_report(path: Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """The curves of a `vime report` page read back into numbers: panel title -> metric key ->
+    [(rollout, value)], inverted from each polyline's pixels through its SVG's axis ranges;
+    a panel without a chart maps to {}."""
+    from html.parser import HTMLParser
+
+    panels: dict[str, dict[str, list[tuple[float, float]]]] = {}
+
+    class Reader(HTMLParser):
+        panel = ""
+        axes: dict[str, float] = {}
+
+        def handle_starttag(self, tag, attrs):
+            found = dict(attrs)
+            if tag == "section":
+                self.panel = found["data-panel"]
+                panels[self.panel] = {}
+            elif tag == "svg":
+                self.axes = {k[5:]: float(v) for k, v in found.items() if k.startswith("data-")}
+            elif tag == "polyline":
+                a = self.axes
+                pairs = [tuple(map(float, p.split(","))) for p in found["points"].split()]
+                panels[self.panel][found["data-key"]] = [
+                    (a["x-min"] + (x - a["left"]) / a["plot-width"] * (a["x-max"] - a["x-min"]),
+                     a["y-max"] - (y - a["top"]) / a["plot-height"] * (a["y-max"] - a["y-min"]))
+                    for x, y in pairs]
+
+    Reader().feed(path.read_text(encoding="utf-8"))
+    return panels
+
+
+def assert_report_matches(panels: dict, records: list[dict]) -> int:
+    """Every curve of the report is its key's values in records, within the pixel rounding
+    (1/100 px of the plot's height, a 1/1000 of the panel's largest value allowed); returns
+    how many curves were compared."""
+    compared = 0
+    for curves in panels.values():
+        # the curves of a panel share its y axis: the rounding is a fraction of its range
+        span = max((abs(r[key]) for key in curves for r in records if r.get(key) is not None),
+                   default=0.0) or 1.0
+        for key, points in curves.items():
+            logged = [(r["rollout"], r[key]) for r in records if r.get(key) is not None]
+            assert len(points) == len(logged), key
+            for (x, y), (rollout, value) in zip(points, logged, strict=True):
+                assert abs(x - rollout) < 0.01, (key, x, rollout)
+                assert abs(y - value) <= 1e-3 * span + 1e-12, (key, y, value)
+            compared += 1
+    return compared

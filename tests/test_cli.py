@@ -139,13 +139,14 @@ def test_compile_with_errors_writes_nothing(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["plan", SPEC],
+    ["plan", SPEC, "--set", 'logging.wandb_project="x"', "--set", 'logging.tensorboard_dir="tb"'],
     ["import", str(ROOT / "tests" / "fixtures" / "scripts" / "vime" / "run-qwen3-30B-A3B.sh")],
 ], ids=["plan", "import"])
 def test_plan_imports_no_heavy_library(argv):
     code = (
         "import sys; from vime.cli import main; rc = main(sys.argv[1:]); "
-        "heavy = {'torch', 'ray', 'vllm', 'megatron', 'submitit'} & {m.split('.')[0] for m in sys.modules}; "
+        "heavy = {'torch', 'ray', 'vllm', 'megatron', 'submitit', 'wandb', 'tensorboard', "
+        "'transformer_engine'} & {m.split('.')[0] for m in sys.modules}; "
         "print(sorted(heavy)); sys.exit(rc or bool(heavy))"
     )
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,

@@ -68,3 +68,11 @@ def test_the_runtime_installs_with_vllm_and_takes_its_torch(requirements, vllm_s
     resolved = _resolve(requirements, tmp_path / "report.json")
     assert resolved["vime"]["version"] and resolved["vllm"]["version"].startswith(vllm_series)
     assert resolved["torch"]["version"] == _pinned_torch(resolved["vllm"])
+    # the default training backend comes with the runtime, on the torch vLLM pins
+    assert resolved["megatron-core"]["version"].startswith("0.19.")
+
+
+def test_the_wandb_extra_installs_wandb(tmp_path):
+    _require_pypi()
+    resolved = _resolve([".[wandb]"], tmp_path / "report.json")
+    assert resolved["wandb"]["version"] and "torch" not in resolved

@@ -82,3 +82,55 @@ def test_the_repositorys_own_reward_module_is_found_by_the_installed_vime(tmp_pa
         done = subprocess.run([str(vime), "plan", str(ROOT / "specs" / name)], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
         assert "V907" not in done.stdout + done.stderr, done.stdout[-2000:]
+
+
+def _spec_beside(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = folder / "spec.toml"
+    spec.write_text(SPEC.read_text())
+    return spec
+
+
+def _v907(spec: Path, reward: str, *sets: str):
+    result = run_spec(spec, [f'rollout.reward="{reward}"', *sets])
+    return [d for d in result.diagnostics if d.code == "V907"]
+
+
+def test_a_module_beside_the_spec_is_found_from_any_folder_as_the_driver_finds_it(
+        tmp_path, monkeypatch):
+    spec = _spec_beside(tmp_path / "exp")
+    (tmp_path / "exp" / "beside_spec_reward.py").write_text("def score(**kw):\n    return 1.0\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert _v907(spec, "beside_spec_reward:score") == []
+    # and the driver imports it from there, whatever folder the job runs in
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "beside_spec_reward", raising=False)
+    loaded = runtime_rewards.load("beside_spec_reward:score", str(tmp_path / "exp"))
+    assert loaded(prompt="", response="", label="") == 1.0
+
+
+def test_a_module_only_in_the_folder_vime_runs_in_is_warned_about(tmp_path, monkeypatch):
+    # a job on Slurm runs in its experiment folder: the folder of `vime submit` is not searched
+    spec = _spec_beside(tmp_path / "exp")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "cwd_only_reward.py").write_text("def score(**kw):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.syspath_prepend("")  # `python -m vime` puts the working folder first
+    [diag] = _v907(spec, "cwd_only_reward:score")
+    assert diag.message == ("rollout.reward = 'cwd_only_reward:score': no module "
+                            "'cwd_only_reward' in the Python path, looked for as the driver "
+                            "will: in the spec's folder, the job's PYTHONPATH and the installed "
+                            "packages")
+    assert diag.help.startswith(
+        f"put cwd_only_reward beside the spec ({tmp_path / 'exp' / 'cwd_only_reward.py'})")
+
+
+def test_the_jobs_pythonpath_is_cluster_envs_over_the_shells(monkeypatch):
+    from vime.check.rewards import job_pythonpath
+
+    shell = {"PYTHONPATH": "/site/a:relative/b"}
+    assert job_pythonpath({}, shell) == ["/site/a"]
+    assert job_pythonpath({"PYTHONPATH": "/opt/r"}, shell) == ["/opt/r"]
+    assert job_pythonpath({"PYTHONPATH": "/opt/r:$PYTHONPATH"}, shell) == ["/opt/r", "/site/a"]
+    assert job_pythonpath({"PYTHONPATH": "${PYTHONPATH}:/opt/r"}, {}) == ["/opt/r"]

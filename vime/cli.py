@@ -1,4 +1,5 @@
-"""`vime` command line. Exit codes: 0 ok, 1 problems in the spec, 2 usage, 3 internal error,
+"""`vime` command line. Exit codes: 0 ok, 1 problems in the spec (`doctor`: a package the spec
+needs does not import), 2 usage, 3 internal error,
 4 a job run here (`submit --local`, `--ray-address`) failed or was cancelled; such a job
 stopped by Ctrl-C exits 130, by SIGHUP 129, by SIGTERM 143 (128 + the signal)."""
 
@@ -105,6 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a variable the script reads from its environment (repeatable)")
     imports.add_argument("--argv", action="store_true",
                          help="SCRIPT is the flag list train.py received, not a script")
+    report = verbs.add_parser("report", help="the run's curves (reward, eval, response "
+                              "length, log-prob gap, route match, time per phase) as one HTML "
+                              "file in the job folder")
+    report.add_argument("job", help="Slurm job id or job folder")
+    report.add_argument("-o", "--output", help="the file to write (default <job folder>/"
+                        "report.html)")
+    doctor = verbs.add_parser("doctor", help="which of torch, Ray, vLLM, megatron-core, "
+                              "Transformer Engine, wandb and TensorBoard import here, with "
+                              "versions, and which the spec needs")
+    doctor.add_argument("spec", nargs="?", help="the experiment spec (TOML) whose needs to check")
+    doctor.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key, TOML value syntax (repeatable)")
+    doctor.add_argument("--no-import", action="store_true",
+                        help="read package metadata only; import nothing (fast)")
     return parser
 
 
@@ -214,22 +229,30 @@ def cmd_submit(args) -> int:
 
     source, result = _load(args)
     launcher = "local" if args.local else "ray-address" if args.ray_address else "slurm"
-    if result.ok and launcher != "local":  # paths the nodes need, on this machine only (V701)
-        python = sys.executable if launcher == "slurm" else None  # a Ray cluster runs its own
-        result.diagnostics = shared.with_unshared(result, source.name, python, args.strict)
-    elif result.ok and launcher == "local":  # the GPUs this machine's environment shows (V707)
+    if result.ok:
+        from vime.check import files
         from vime.check.cluster import hidden_in_local_environment
         from vime.diagnostics import finalize
 
-        result.diagnostics = finalize([*result.diagnostics, *hidden_in_local_environment(
-            result.spec, os.environ)], args.strict)
+        # the checkpoint folder where this launcher's job reads it (V730)
+        default_driver = (os.environ.get("VIME_DRIVER") or submit.DEFAULT_DRIVER) == \
+            submit.DEFAULT_DRIVER
+        said = files.at_submit(result.spec, launcher, default_driver)
+        if launcher == "local":  # and the GPUs this machine's environment shows (V707)
+            said += hidden_in_local_environment(result.spec, os.environ)
+        result.diagnostics = finalize([*(d for d in result.diagnostics if not (
+            d.code == "V730" and any(s.code == "V730" for s in said))), *said], args.strict)
+        if launcher != "local":  # paths the nodes need, on this machine only (V701)
+            python = sys.executable if launcher == "slurm" else None  # a Ray cluster: its own
+            result.diagnostics = shared.with_unshared(result, source.name, python, args.strict)
     _print_diagnostics(result, args.format)
     if not result.ok:
         return EXIT_SPEC
     try:
         prepared = submit.prepare(result, source.name, source.text,
                                   plan_json.plan_object(source.name, result.diagnostics,
-                                                        result.spec, result.plan), launcher)
+                                                        result.spec, result.plan), launcher,
+                                  ray_address=args.ray_address)
         if args.dry_run:
             sys.stdout.write(submit.dry_run_text(prepared))
             return EXIT_OK
@@ -276,9 +299,10 @@ def _fresh(args, prepared, launcher: str):
         _print_diagnostics(result, args.format)
         raise UsageError("--fresh: the spec did not compile under its new name")
     prepared = submit.prepare(result, source.name, source.text, plan_json.plan_object(
-        source.name, result.diagnostics, result.spec, result.plan), launcher)
+        source.name, result.diagnostics, result.spec, result.plan), launcher,
+        ray_address=args.ray_address)
     print(f"vime: --fresh: a new run {name} in {prepared.experiment_dir} (the old one stays; "
-          f"resume this one with --set experiment.name={name})", flush=True)
+          f"resume this one with {prepared.info['resume']})", flush=True)
     return source, result, prepared
 
 
@@ -391,7 +415,7 @@ def _run_here(args, prepared, start, launcher: str) -> int:
     after = resume.start_point(spec, prepared.experiment_dir) if state in progress.STOPPED \
         else None
     print(shown.ending(job_id, state, outcome.get("error"), folder.path / "logs" / "node-0.log",
-                       after))
+                       after, resume_with=folder.info.get("resume")))
     if not quiet or state != "succeeded":
         print(f"job folder  {folder.path}")
     # a local or attached job has ended by now: there is nothing left to follow
@@ -445,6 +469,54 @@ def cmd_convert(args) -> int:
     return EXIT_OK if completed.returncode == 0 else EXIT_INTERNAL
 
 
+def cmd_report(args) -> int:
+    """Write the report of a job's run and print where it is."""
+    from vime import report
+    from vime.launch import follow, slurm
+
+    try:
+        folder = follow.find(args.job)
+    except (follow.FollowError, slurm.SlurmError) as err:
+        raise UsageError(str(err)) from None
+    try:
+        path, rollouts = report.write(folder, Path(args.output) if args.output else None)
+    except OSError as err:
+        raise UsageError(f"cannot write the report: {err}") from None
+    print(f"wrote {path}: {plural(rollouts, 'rollout')} of {folder.path.parent.name} "
+          "(open it in a browser; it needs no server)")
+    return EXIT_OK
+
+
+def cmd_doctor(args) -> int:
+    """Print what is installed in this Python and, given a spec, what it needs; exit 1 when
+    a package the spec needs does not import here."""
+    from vime import doctor
+
+    wanted: dict[str, str] = {}
+    if args.spec:
+        args.strict, args.format = False, "human"
+        source, result = _load(args)
+        if result.spec is None:
+            _print_diagnostics(result, args.format)
+            return EXIT_SPEC
+        wanted = doctor.needs(result.spec)
+    found = doctor.installed() if args.no_import else doctor.imports()
+    print(f"python {sys.executable} ({sys.version.split()[0]})")
+    for line in doctor.table(found, wanted):
+        print(line)
+    if not args.spec:
+        return EXIT_OK
+    lacking = doctor.missing(found, wanted)
+    if lacking:
+        names = ", ".join(f.package.module for f in lacking)
+        print(f"{args.spec} needs {plural(len(lacking), 'package')} this Python cannot "
+              f"import: {names}")
+        return EXIT_SPEC
+    print(f"{args.spec}: every package it needs imports here"
+          + (" (metadata only: --no-import)" if args.no_import else ""))
+    return EXIT_OK
+
+
 def cmd_follow(args) -> int:
     from vime.launch import follow, slurm
 
@@ -467,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"plan": cmd_plan, "compile": cmd_compile, "explain": cmd_explain,
                "submit": cmd_submit, "status": cmd_follow, "logs": cmd_follow,
-               "cancel": cmd_follow, "convert": cmd_convert, "import": cmd_import}[args.verb]
+               "cancel": cmd_follow, "convert": cmd_convert, "import": cmd_import,
+               "doctor": cmd_doctor, "report": cmd_report}[args.verb]
     try:
         return handler(args)
     except UsageError as err:

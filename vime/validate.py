@@ -13,6 +13,7 @@ import difflib
 import jsonschema
 
 from vime import schema
+from vime.aliases import alias
 from vime.diagnostics import Diagnostic, dotted
 from vime.overrides import Positions
 from vime.parse import Path
@@ -32,6 +33,12 @@ _LEFT_OUT: dict[Path, dict[str, str]] = {
 
 
 def _suggest(path: Path, key: str) -> str | None:
+    known = alias(key)
+    if known is not None:
+        tool, target = known
+        table, _, name = target.rpartition(".")
+        return (f"did you mean {target}? {key} is {tool}'s name for it: write {name} = ... "
+                f"under [{table}]")
     left_out = _LEFT_OUT.get(tuple(path), {})
     close = difflib.get_close_matches(key, left_out, n=1, cutoff=0.6)
     if close or (left_out and key.endswith("args")):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from runtime import backends
 from runtime.core.slices import JobConfig
+from runtime.node.preflight import spec_dir_of
 from runtime.node.ray_bootstrap import own_signal_handlers
 from runtime.rl import rewards
 from runtime.rl.checkpoint import Checkpoints
@@ -67,7 +68,7 @@ def job_loop(config: JobConfig, train, rollout, metrics, log=log):
     prompts, _dropped = read_prompts(config.data, tokenizer)
     return GRPOLoop(config, train, rollout,
                     PromptSampler(prompts, config.seed, config.data.shuffle), tokenizer,
-                    rewards.load(config.reward), metrics,
+                    rewards.load(config.reward, spec_dir_of(config.job_dir)), metrics,
                     Checkpoints(config.save_dir, config.load_dir), log=log)
 
 
@@ -109,7 +110,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     config = JobConfig.from_job(plan, resolved_toml, job_dir)
     for kind, name in (("training", config.train_backend), ("rollout", config.rollout_backend)):
         backends.reference(kind, name)  # fails now, with the issue number, if not written yet
-    reward_fn = rewards.load(config.reward)
+    reward_fn = rewards.load(config.reward, spec_dir_of(config.job_dir))
     tokenizer = load_tokenizer(config)
     prompts, dropped = read_prompts(config.data, tokenizer)
     log(f"vime: {len(prompts)} prompts from {config.data.prompt_data}"

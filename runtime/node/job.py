@@ -48,12 +48,13 @@ import signal
 import socket
 import sys
 import time
+import tomllib
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.node.errors import one_line
-from runtime.node.preflight import PreflightError, check_job
+from runtime.node.preflight import PreflightError, check_job, installed_lines
 from runtime.node.ray_bootstrap import (
     RayNode,
     RayStartupError,
@@ -260,6 +261,8 @@ def _preflight(launch: dict, job_dir: Path) -> None:
     """The default driver's inputs, before Ray starts (runtime/node/preflight.py)."""
     from vime.launch.submit import DEFAULT_DRIVER
 
+    for line in installed_lines(tomllib.loads((job_dir / "resolved.toml").read_text())):
+        print(line, flush=True)
     if launch["driver"] == DEFAULT_DRIVER:
         check_job(job_dir)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 import math
 import re
+import sys
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -206,14 +207,18 @@ def math_answer(prompt: str, response: str, label) -> float:
 BUILTIN: dict[str, RewardFn] = {"deepscaler": deepscaler, "dapo": dapo, "math": math_answer}
 
 
-def load(name: str) -> RewardFn:
-    """A built-in verifier by name, or "package.module:function"."""
+def load(name: str, spec_dir: str | None = None) -> RewardFn:
+    """A built-in verifier by name, or "package.module:function", imported with the spec's
+    folder (spec_dir) first on sys.path, then PYTHONPATH and the installed packages: a
+    module beside the spec imports wherever the job runs (V907 looks in the same places)."""
     if name in BUILTIN:
         return BUILTIN[name]
     module_name, sep, function = name.partition(":")
     if not sep or not module_name or not function:
         raise ValueError(f"rollout.reward = {name!r} is neither a built-in reward "
                          f"({', '.join(sorted(BUILTIN))}) nor 'module.path:function'")
+    if spec_dir and spec_dir not in sys.path:
+        sys.path.insert(0, spec_dir)
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

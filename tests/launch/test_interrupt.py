@@ -96,8 +96,11 @@ def test_ctrl_c_stops_everything_and_says_where_the_next_submit_resumes(tmp_path
     checkpoints = folder.parent / "checkpoints"
     latest = checkpoints / (checkpoints / "latest").read_text().strip()
     next_rollout = json.loads((latest / "state.json").read_text())["next_rollout"]
-    assert (f"the next `vime submit` of this spec resumes from rollout {next_rollout} "
-            f"(checkpoint {latest})") in text, text
+    # the submit that resumes it, exactly: this one's spec, --set arguments and launcher
+    resumed_by = json.loads((folder / "job.json").read_text())["resume"]
+    assert resumed_by.startswith(f"`vime submit {SMOKE} --set ") and "--local` in " in resumed_by
+    assert (f"; {resumed_by} resumes it from rollout {next_rollout} (checkpoint {latest})"
+            in text), text
     assert json.loads((folder / "outcome.json").read_text())["state"] == "interrupted"
     assert "INTERRUPTED" in vime("status", str(folder)).stdout
 

@@ -260,5 +260,6 @@ def test_ctrl_c_on_logs_f_leaves_the_job_running(tmp_path):
     latest = checkpoints / (checkpoints / "latest").read_text().strip()
     assert ended.stdout.startswith(f"job {job_id} cancelled (scancel or vime cancel) after "
                                    "rollout "), ended.stdout
-    assert ended.stdout.endswith("; the next `vime submit` of this spec resumes from rollout "
+    resumed_by = json.loads((_job_folder(job_id) / "job.json").read_text())["resume"]
+    assert ended.stdout.endswith(f"; {resumed_by} resumes it from rollout "
                                  f"{int(latest.name.split('_')[1]) + 1} (checkpoint {latest})\n")

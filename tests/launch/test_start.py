@@ -66,15 +66,23 @@ def test_a_reward_module_the_node_cannot_import_fails_the_job_before_ray_starts(
     # the head imports it before `ray start`, where the driver would after Ray's start-up
     started = time.time()
     done = vime("submit", str(TINY), "--local", "--set", f'experiment.output_dir="{tmp_path}"',
-                "--set", 'rollout.reward="vime_no_such_module:score"', timeout=120)
+                "--set", 'rollout.reward="vime_no_such_module:score"',
+                "--set", 'logging.wandb_project="vime-runs"', timeout=120)
     assert done.returncode == 4, done.stdout + done.stderr
     assert time.time() - started < 60
     assert "warning[V907]" in done.stderr
+    assert "warning[V925]" in done.stderr  # wandb is in no extra the tests install
     [folder] = (tmp_path / "tiny-cpu").glob("local-*")
     message = ("rollout.reward = 'vime_no_such_module:score': cannot import vime_no_such_module: "
                "No module named 'vime_no_such_module'")
     assert f"job {folder.name} failed: {message}" in done.stdout, done.stdout
     assert json.loads((folder / "outcome.json").read_text())["error"] == message
-    assert f"vime: job failed: {message}" in (folder / "logs" / "node-0.log").read_text()
+    log = (folder / "logs" / "node-0.log").read_text()
+    assert f"vime: job failed: {message}" in log
+    # what the head has installed, and the logger the spec asks for that it lacks, said first
+    assert "vime: installed here: torch 2." in log
+    assert ("vime: WARNING: logging.wandb_project = 'vime-runs' but wandb is NOT INSTALLED on "
+            "this node: this run logs no wandb (metrics.jsonl only); pip install "
+            "'vime[wandb]'") in log
     assert not (folder / "logs" / "ray-node-0.log").exists()  # Ray never started
     assert not (folder / "ray_address").exists()

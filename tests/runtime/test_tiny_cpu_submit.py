@@ -11,6 +11,7 @@ import statistics
 import pytest
 import torch
 from runtimekit import TINY, metrics, vime
+from specsupport import assert_report_matches, read_report
 
 ROLLOUTS = 20
 # With experiment.seed = 1234 the mean reward of rollouts 0-2 is about 0.04 and of rollouts
@@ -50,6 +51,14 @@ def test_tiny_cpu_learns_checkpoints_and_resumes(tmp_path):
     assert end >= start + RISE, f"reward {start:.3f} -> {end:.3f}: {rewards}"
     assert all(r["memory/engine_bytes_while_training"] == 0 for r in records)  # colocated turns
     assert f"rollout {ROLLOUTS - 1:5d} | reward" in log  # the console line per rollout
+    # `vime report`: the run's curves, read back from the page, are its metrics.jsonl
+    shown = vime("report", str(first))
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    panels = read_report(first / "report.html")
+    assert assert_report_matches(panels, records) >= 8
+    assert len(panels["Reward"]["reward/mean"]) == ROLLOUTS
+    assert {"rollout/logprob_abs_diff", "train/rollout_logprob_abs_diff"} <= set(
+        panels["Log-prob gap, rollout vs training"])
 
     checkpoints = tmp_path / "tiny-cpu" / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("rollout_*")) == ["rollout_000009",

@@ -2,9 +2,12 @@
 
 from vime.check import (  # noqa: F401  (registers rules)
     batch,
+    cards,
     checkpoint,
     cluster,
     engine_flags,
+    files,
+    install,
     layout,
     memory,
     model,
@@ -12,6 +15,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     rewards,
     rollout,
     runtime,
+    scheduler,
 )
 from vime.check.registry import RULES, STAGE_CODES, Finding, explain, rule, run
 

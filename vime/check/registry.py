@@ -67,7 +67,9 @@ STAGE_CODES: dict[str, tuple[str, str]] = {
 
         The schema (schema/vime.schema.json) is the single list of keys. An unknown key is
         most often a typo or a key written in the wrong table (tp belongs in
-        [train.parallel], not [train]); vime suggests the closest known key. Unknown keys
+        [train.parallel], not [train]); vime suggests the closest known key, and for a
+        flag name of slime, Megatron-LM or vLLM (tensor_model_parallel_size, rm_type) the key
+        that sets it (vime/aliases.py). Unknown keys
         are ignored by the rest of the checks, so every other problem is still reported.
         Fix: rename or move the key as the help line says, or delete it."""),
     "V003": ("invalid-value", """A value of the wrong type, out of its range, or not one of the allowed names.

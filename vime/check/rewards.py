@@ -7,6 +7,7 @@ import difflib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path as FsPath
 
@@ -56,8 +57,11 @@ def _module_file(module: str, search: list[str]) -> tuple[str | None, str | None
         found = importlib.machinery.PathFinder.find_spec(part, path)
         if found is None and depth == 0:
             # an editable install maps its packages through a finder of its own, not a path
-            # entry; asking the import system for a top-level name runs no package's code
-            found = importlib.util.find_spec(part)
+            # entry; asking those finders for a top-level name runs no package's code
+            found = next((spec for finder in sys.meta_path
+                          if finder is not importlib.machinery.PathFinder
+                          and hasattr(finder, "find_spec")
+                          and (spec := finder.find_spec(part, None)) is not None), None)
         if found is None:
             where = ".".join(parts[:depth]) or "the Python path"
             return None, f"no module {'.'.join(parts[:depth + 1])!r} in {where}"
@@ -104,34 +108,56 @@ def _defines(file: str, name: str) -> bool | None:
     return True if name in names else (None if opaque else False)
 
 
+def job_pythonpath(env: dict[str, str], environ) -> list[str]:
+    """The PYTHONPATH the job's processes get: [cluster.env]'s when set (job.sbatch exports
+    it over the submitting shell's, `$PYTHONPATH` in it standing for that one), else the
+    submitting shell's, which sbatch and `--local` pass on; absolute entries only."""
+    inherited = str(environ.get("PYTHONPATH", ""))
+    own = env.get("PYTHONPATH")
+    text = inherited if own is None else re.sub(r"\$\{?PYTHONPATH\}?", inherited, str(own))
+    return [p for p in text.split(os.pathsep) if os.path.isabs(p) and "$" not in p]
+
+
+def reward_search_path(spec: Spec) -> list[str]:
+    """Where the driver finds rollout.reward's module, in its order (runtime/rl/rewards.py
+    load): the spec's folder, the job's PYTHONPATH, the installed packages. The folder vime
+    runs in is not among them: a job on Slurm runs in its experiment folder."""
+    cwd = os.getcwd()
+    installed = [p for p in sys.path if p and os.path.abspath(p) != cwd]
+    return [*([spec.spec_dir] if spec.spec_dir else []),
+            *job_pythonpath(spec.cluster.env, os.environ), *installed]
+
+
 @rule("V907", "custom-reward-importable", severity="warning", enforced_by="vime")
 def custom_reward_importable(spec: Spec):
-    """A "module:function" reward that cannot be found where vime runs.
+    """A "module:function" reward that the job's driver would not find.
 
-    The driver imports the reward's module when it starts (runtime/rewards.py), on the
-    cluster, after the queue wait: a module that is not installed there fails with
-    "rollout.reward = '...': cannot import ...", a function the module lacks with "... has
-    no ...". vime looks for the module on its own Python path and the
-    PYTHONPATH of [cluster.env], without running it (a reward module may import torch),
-    and reads the source for a top-level definition of the function.
+    The driver imports the reward's module when it starts (runtime/rl/rewards.py), on the
+    cluster, after the queue wait: a module it cannot find fails with "rollout.reward =
+    '...': cannot import ...", a function the module lacks with "... has no ...". The driver
+    looks in the spec's folder first, then the job's PYTHONPATH ([cluster.env]'s, else that of
+    the shell vime submit ran in, which sbatch and --local pass on), then the installed
+    packages; vime looks in the same places, in that order, without running the module (a
+    reward module may import torch), and reads the source for a top-level definition of the
+    function. The folder vime runs in is not searched: a job on Slurm runs in its experiment
+    folder, so a module found only there would import on one launcher and not another.
     A warning, not an error: the job's environment may differ from this one (a package
     installed only on the cluster, a PYTHONPATH set by a module system).
-    Fix: install the package (or add its folder to PYTHONPATH in [cluster.env]) on the
-    cluster and here, or correct the module or function name."""
+    Fix: put the module beside the spec, install its package, or add its folder to
+    PYTHONPATH in [cluster.env]; or correct the module or function name."""
     reward = spec.rollout.reward
     module, colon, function = reward.partition(":")
     if not colon:
         return
-    pythonpath = str(spec.cluster.env.get("PYTHONPATH", ""))
-    search = [p or os.getcwd() for p in sys.path]
-    search += [p for p in pythonpath.split(os.pathsep) if os.path.isabs(p) and "$" not in p]
-    file, problem = _module_file(module, search)
+    file, problem = _module_file(module, reward_search_path(spec))
     if problem:
+        beside = os.path.join(spec.spec_dir or ".", *module.split(".")[:-1],
+                              module.split(".")[-1] + ".py")
         yield Finding("rollout.reward",
-                      f"rollout.reward = {reward!r}: {problem} here; the driver imports it at "
-                      "start and would stop if the job cannot either",
-                      help=f"install {module.split('.')[0]} where the job runs (and here), or "
-                      "add its folder to PYTHONPATH in [cluster.env]")
+                      f"rollout.reward = {reward!r}: {problem}, looked for as the driver will: "
+                      "in the spec's folder, the job's PYTHONPATH and the installed packages",
+                      help=f"put {module.split('.')[0]} beside the spec ({beside}), install "
+                      "it where the job runs, or add its folder to PYTHONPATH in [cluster.env]")
         return
     if file and _defines(file, function) is False:
         yield Finding("rollout.reward",

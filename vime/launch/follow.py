@@ -244,7 +244,8 @@ def watch(folder: JobFolder, quiet: bool = False, out=sys.stdout) -> int:
         after = resume.start_point_in(resume.job_load_dir(folder.path))
     outcome = folder.read_json("outcome.json") or {}
     print(shown.ending(job_id, ended, error, folder.log(0), after, how,
-                       until=outcome.get("finished")), file=out, flush=True)
+                       until=outcome.get("finished"), resume_with=info.get("resume")),
+          file=out, flush=True)
     return 0 if ended == "succeeded" else 4
 
 

@@ -147,10 +147,12 @@ class Progress:
         return line
 
     def ending(self, job_id: str, state: str, error: str | None, log: Path, after=None,
-               how: str | None = None, until: float | None = None) -> str:
+               how: str | None = None, until: float | None = None,
+               resume_with: str | None = None) -> str:
         """The job's last line: succeeded with the summary; stopped (STOPPED, or `how`) with
-        where the next submit resumes (`after`, a vime.launch.resume.StartPoint); failed with
-        the error and the log."""
+        where the next submit resumes (`after`, a vime.launch.resume.StartPoint) and the
+        submit that does (`resume_with`, job.json's "resume"), or that a later job has
+        finished the run; failed with the error and the log."""
         if state == "succeeded":
             did = self.summary(until)
             return f"job {job_id} succeeded" + (f": {did}" if did else "")
@@ -160,6 +162,15 @@ class Progress:
                 f" after rollout {last}" if last is not None else "")
             if after is None:
                 return line
+            if after.checkpoint and after.next_rollout >= self.total:
+                return line + (f"; a later job has since finished its run (checkpoint "
+                               f"{after.checkpoint} is at rollout {after.next_rollout} of "
+                               f"{self.total}): there is nothing to resume")
+            if resume_with:
+                return line + f"; {resume_with} " + (
+                    f"resumes it from rollout {after.next_rollout} (checkpoint "
+                    f"{after.checkpoint})" if after.checkpoint else
+                    "starts it again (no checkpoint yet)")
             return line + "; the next `vime submit` of this spec " + (
                 f"resumes from rollout {after.next_rollout} (checkpoint {after.checkpoint})"
                 if after.checkpoint else "starts fresh (no checkpoint yet)")

@@ -9,6 +9,7 @@ the spec's paths already absolute (vime/launch/paths.py).
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,3 +66,13 @@ def fresh_name(output_dir: str, name: str) -> str:
     while (root / f"{name}-{number}").exists():
         number += 1
     return f"{name}-{number}"
+
+
+def command(invocation: tuple[str, ...], launcher: str, ray_address: str | None,
+            cwd: Path) -> str:
+    """The submit that resumes this run, as it can be pasted: this submit's spec and --set
+    arguments (a --fresh run's experiment.name among them, rollout.num_rollout too) and
+    launcher, run in the folder this one ran in (relative paths are read from there)."""
+    where = {"local": ["--local"], "ray-address": ["--ray-address", ray_address or "ADDRESS"]}
+    argv = ["vime", "submit", *invocation, *where.get(launcher, [])]
+    return f"`{shlex.join(argv)}` in {cwd}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vime import __version__
 from vime.emit import build
-from vime.launch import jobdir, paths, ports, slurm
+from vime.launch import jobdir, paths, ports, resume, slurm
 from vime.launch.jobdir import JobFolder
 
 DEFAULT_DRIVER = "runtime.node.driver:run"
@@ -52,13 +52,14 @@ def experiment_dir(output_dir: str, name: str) -> Path:
 
 
 def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher: str,
-            spec_dir: Path | None = None) -> Prepared:
+            spec_dir: Path | None = None, ray_address: str | None = None) -> Prepared:
     """The job folder's files; the spec's relative paths are read from spec_dir (default: the
-    spec's own folder) and the folder vime runs in."""
+    spec's own folder) and the folder vime runs in. job.json records the submit that resumes
+    the run (ray_address: that of --ray-address)."""
     # the job runs elsewhere (another node, another working folder): its files get absolute
     # paths, while `vime compile`'s stay as written (vime/launch/paths.py)
-    spec = paths.absolute(result.spec, spec_dir or Path(source_name).resolve().parent,
-                          Path.cwd())
+    spec_dir = spec_dir or Path(source_name).resolve().parent
+    spec = paths.absolute(result.spec, spec_dir, Path.cwd())
     plan = dataclasses.replace(result.plan, spec=spec)
     folder = experiment_dir(spec.experiment.output_dir, spec.experiment.name)
     # job.sbatch has no path from the spec: the same text as the build folder's (vime compile)
@@ -80,12 +81,14 @@ def prepare(result, source_name: str, source_text: str, plan_obj: dict, launcher
         "launcher": launcher,
         "experiment": spec.experiment.name,
         "spec": source_name,
+        "spec_dir": str(spec_dir),  # rollout.reward's module is looked for here first
         "spec_sha256": hashlib.sha256(source_text.encode()).hexdigest(),
         "vime_version": __version__,
         "python": sys.executable,
         "nodes": spec.cluster.nodes,
         "gpus_per_node": spec.cluster.gpus_per_node,
         "driver": launch["driver"],
+        "resume": resume.command(result.spec.invocation, launcher, ray_address, Path.cwd()),
     }
     return Prepared(folder, script, files, launch, info, plan)
 

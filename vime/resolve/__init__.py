@@ -21,8 +21,10 @@ from vime.resolve.model import PRESETS, Arch, ArchError, arch_from_config
 from vime.resolve.spec import (
     SECTIONS,
     Derived,
+    HfFolder,
     ModelConfig,
     Origin,
+    PromptSample,
     ResumeCheckpoint,
     SavedLayout,
     Spec,
@@ -150,6 +152,62 @@ def read_saved_layout(model: dict, spec_dir: FsPath) -> SavedLayout | None:
     return SavedLayout(str(folder), sizes)
 
 
+def _as_runtime_finds(value: str, spec_dir: FsPath, cwd: FsPath) -> FsPath:
+    """A spec's path as the runtime finds it (runtime/core/slices.py, _path): a relative one
+    from the spec's folder, else from the working folder."""
+    path = FsPath(os.path.expanduser(value))
+    if not path.is_absolute():
+        path = spec_dir / path if (spec_dir / path).exists() or not (
+            cwd / path).exists() else cwd / path
+    return FsPath(os.path.normpath(path))
+
+
+PROMPT_SAMPLE_RECORDS = 20  # how many records of data.prompt_data resolve reads
+
+
+def read_prompt_sample(data: dict, spec_dir: FsPath, cwd: FsPath) -> PromptSample | None:
+    """The first records of data.prompt_data (JSON lines, as runtime/rl/data.py reads them)
+    against data.input_key and data.label_key; None when the file is not readable here."""
+    path = _as_runtime_finds(data["prompt_data"], spec_dir, cwd)
+    wanted = (data["input_key"], data["label_key"])
+    records = 0
+    first_keys: tuple[str, ...] = ()
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    return PromptSample(str(path), records, number, f"not JSON: {err}")
+                if not isinstance(row, dict):
+                    return PromptSample(str(path), records, number, "not a JSON object")
+                records += 1
+                first_keys = first_keys or tuple(row)
+                missing = tuple(dict.fromkeys(k for k in wanted if k not in row))
+                if missing:
+                    return PromptSample(str(path), records, number, None, tuple(row), missing)
+                if records == PROMPT_SAMPLE_RECORDS:
+                    break
+    except (OSError, UnicodeDecodeError):
+        return None  # on the cluster only, or unreadable: the job's preflight says so
+    return PromptSample(str(path), records, keys=first_keys)
+
+
+def read_hf_folder(model: dict, spec_dir: FsPath, cwd: FsPath) -> HfFolder:
+    """model.hf_checkpoint on this machine, found as the runtime finds it."""
+    relative = not FsPath(os.path.expanduser(model["hf_checkpoint"])).is_absolute()
+    path = _as_runtime_finds(model["hf_checkpoint"], spec_dir, cwd)
+    try:
+        exists = path.exists()
+        tokenizer = exists and any((path / name).is_file()
+                                   for name in ("tokenizer.json", "tokenizer_config.json"))
+    except OSError:
+        exists = tokenizer = False
+    return HfFolder(str(path), exists, relative, tokenizer)
+
+
 def resume_folder(values: dict, spec_dir: FsPath, cwd: FsPath) -> tuple[FsPath, str]:
     """The folder a submit of this spec resumes from, and the key that names it: model.load,
     else model.save, else <output_dir>/<experiment.name>/checkpoints, with relative paths
@@ -264,6 +322,9 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath, resume: bool = Tr
                     if resolution.config is not None else None)
     return Spec(**sections, arch=resolution.arch, derived=derived, arch_problem=problem,
                 model_config=model_config,
+                hf_folder=read_hf_folder(values["model"], spec_dir, FsPath.cwd()),
+                prompt_sample=read_prompt_sample(values["data"], spec_dir, FsPath.cwd()),
+                spec_dir=str(spec_dir),
                 torch_dist_layout=saved_layout, resume_checkpoint=resume_checkpoint,
                 invocation=invocation, origins=origins)
 

@@ -234,6 +234,30 @@ class ResumeCheckpoint:
 
 
 @dataclass(frozen=True)
+class HfFolder:
+    """model.hf_checkpoint on the machine vime runs on, looked for as the runtime does
+    (runtime/core/slices.py, _path): a relative path from the spec's folder, else from the
+    folder vime runs in."""
+
+    path: str  # absolute: where it was found, or the spec's folder's candidate
+    exists: bool
+    relative: bool  # written as a relative path (a Hugging Face model id reads as one)
+    tokenizer: bool  # holds tokenizer.json or tokenizer_config.json, which the driver loads
+
+
+@dataclass(frozen=True)
+class PromptSample:
+    """The first records of data.prompt_data, read where vime runs when the file is there."""
+
+    path: str
+    records: int  # how many were read
+    line: int | None = None  # the first line with a problem
+    problem: str | None = None  # "not JSON: ...", "not a JSON object"
+    keys: tuple[str, ...] = ()  # the keys of the record at `line` (or of the first record)
+    missing: tuple[str, ...] = ()  # data.input_key / data.label_key that record lacks
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The model's config.json (or preset) as read, before [model.arch] is applied: what the
     support matrix (V102) and the contradiction rule (V103) read. vLLM serves this file."""
@@ -264,6 +288,12 @@ class Spec:
     resume_checkpoint: ResumeCheckpoint | None = None
     # None when neither config.json nor a preset was read
     model_config: ModelConfig | None = field(default=None, compare=False)
+    # model.hf_checkpoint as found on this machine
+    hf_folder: HfFolder | None = field(default=None, compare=False)
+    # None when data.prompt_data is not readable here
+    prompt_sample: PromptSample | None = field(default=None, compare=False)
+    # the spec file's folder: relative paths and rollout.reward's module are read from there
+    spec_dir: str | None = field(default=None, compare=False)
     # the spec file and its --set arguments as given, for help lines that print a command
     invocation: tuple[str, ...] = field(default=(), compare=False)
     origins: dict[str, Origin] = field(default_factory=dict, compare=False)

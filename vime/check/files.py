@@ -1,0 +1,128 @@
+"""V730-V731: model.hf_checkpoint and data.prompt_data on the machine vime runs on.
+
+resolve looks the folder up as the runtime will (Spec.hf_folder); the rule reports what plan
+and compile can know, and `vime submit` adds what its launcher decides (at_submit): a job run
+here (`--local`) reads this machine's folder, a Slurm job its nodes'."""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from vime.check.registry import Finding, rule
+from vime.diagnostics import Diagnostic
+from vime.resolve.spec import Spec
+
+# "Qwen/Qwen3-30B-A3B": a Hugging Face model id, which reads as a relative path
+_MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+KEY = "model.hf_checkpoint"
+
+
+def _download_help(value: str) -> str:
+    if _MODEL_ID.fullmatch(value):
+        return (f"the runtime loads the tokenizer and weights from a folder, not a model id: "
+                f"`huggingface-cli download {value} --local-dir /shared/models/"
+                f"{value.split('/')[1]}`, then {KEY} = \"/shared/models/{value.split('/')[1]}\"")
+    return (f"point {KEY} at the folder with config.json, tokenizer.json and the safetensors "
+            "(an absolute path on a file system the nodes mount)")
+
+
+@rule("V730", "hf-checkpoint-found", severity="warning", enforced_by="vime")
+def hf_checkpoint_found(spec: Spec):
+    """model.hf_checkpoint names a folder that is not where the runtime will look for it.
+
+    The driver loads the tokenizer from model.hf_checkpoint when the job starts, after the
+    queue wait and Ray's start-up (runtime/node/driver.py: "model.hf_checkpoint = '...' has no
+    tokenizer (tokenizer.json)"), and vLLM and Megatron load the weights from it. A relative
+    path is read from the spec's folder, else from the folder vime runs in (as
+    runtime/core/slices.py reads it); a Hugging Face model id such as "Qwen/Qwen3-8B" reads as
+    such a path, and the runtime does not download it. Not checked with model.random_init,
+    which needs no weights.
+    `vime plan` and `compile` warn about a relative path found in neither folder; an absolute
+    path may exist only on the cluster, so they say nothing about it. `vime submit` says more:
+    to Slurm or a Ray cluster (and with --dry-run) an absolute path that is not on this machine
+    is a warning (the nodes must have it), and with --local, where the job reads this
+    machine's files, a folder that is missing or has no tokenizer is an error.
+    Fix: download the checkpoint into a folder (`huggingface-cli download ORG/NAME
+    --local-dir FOLDER`) and set model.hf_checkpoint to that folder's absolute path."""
+    found = spec.hf_folder
+    if found is None or spec.model.random_init or found.exists or not found.relative:
+        return
+    value = spec.model.hf_checkpoint
+    yield Finding(KEY, f"{KEY} = {value!r} is a folder neither beside the spec nor in the "
+                  "folder vime runs in, where the runtime reads a relative path from",
+                  help=_download_help(value))
+
+
+def at_submit(spec: Spec, launcher: str, default_driver: bool) -> list[Diagnostic]:
+    """V730 for `vime submit`: with --local (and the default driver, which loads the
+    tokenizer) a folder missing here or without a tokenizer is an error; to Slurm or a Ray
+    cluster an absolute path missing here is a warning."""
+    found = spec.hf_folder
+    if found is None or spec.model.random_init or not default_driver:
+        return []
+    value = spec.model.hf_checkpoint
+    location = spec.origin(KEY).location
+    if launcher == "local":
+        if not found.exists:
+            problem = f"is not a folder on this machine ({found.path})"
+        elif not found.tokenizer:
+            problem = (f"has no tokenizer.json or tokenizer_config.json ({found.path}): the "
+                       "driver stops at start")
+        else:
+            return []
+        return [Diagnostic("error", "V730", tuple(KEY.split(".")),
+                           f"{KEY} = {value!r} {problem}; `vime submit --local` runs the job "
+                           "on this machine", location, help=_download_help(value))]
+    if found.exists or found.relative:
+        return []  # a relative path missing here is the rule's warning already
+    return [Diagnostic("warning", "V730", tuple(KEY.split(".")),
+                       f"{KEY} = {value!r} is not on this machine: the job's nodes must have "
+                       "it, or the driver stops after the queue wait", location,
+                       help=f"check it on a node (`srun -N1 ls {value}`), or "
+                       + _download_help(value))]
+
+
+# the names datasets give the prompt and the answer, most usual first
+_USUAL_NAMES = {
+    "data.input_key": ("prompt", "problem", "question", "query", "input", "instruction"),
+    "data.label_key": ("label", "answer", "solution", "ground_truth", "reference", "target"),
+}
+
+
+@rule("V731", "prompt-records-have-keys", enforced_by="vime")
+def prompt_records_have_keys(spec: Spec):
+    """The first records of data.prompt_data lack data.input_key or data.label_key, or are not
+    JSON objects.
+
+    The driver reads every record of the prompt file when the job starts, after the queue wait
+    and Ray's start-up (runtime/rl/data.py), and stops at the first one without the prompt or
+    the label: "prompts.jsonl:1: no key 'prompt' (data.input_key / data.label_key); it has
+    ['label', 'problem']". Datasets name these columns differently (DAPO-Math-17k "prompt" and
+    "label", DeepScaleR "problem" and "answer"). When the file is readable where vime runs,
+    vime reads its first 20 records (one JSON object per line) and checks each has both keys;
+    a file on the cluster only is checked by the job itself before Ray starts.
+    Fix: set data.input_key and data.label_key to the record's names (the help line lists
+    them and the closest), or point data.prompt_data at a file in that format."""
+    sample = spec.prompt_sample
+    if sample is None or (sample.problem is None and not sample.missing):
+        return
+    where = f"{sample.path}:{sample.line}"
+    if sample.problem:
+        yield Finding("data.prompt_data", f"{where}: {sample.problem}; the driver reads one JSON "
+                      "object per line", help="write the prompt file as JSON lines: "
+                      '{"prompt": "...", "label": "..."} on each line')
+        return
+    names = {"data.input_key": spec.data.input_key, "data.label_key": spec.data.label_key}
+    for key, value in names.items():
+        if value not in sample.missing:
+            continue
+        others = [k for k in sample.keys if k not in names.values()]
+        usual = [k for k in _USUAL_NAMES[key] if k in others]
+        close = usual or difflib.get_close_matches(value, others, n=1, cutoff=0.6)
+        keys = ", ".join(sample.keys) or "none"
+        fix = (f'did you mean {key} = "{close[0]}"? the record\'s keys are {keys}' if close
+               else f"the record's keys are {keys}")
+        yield Finding(key, f"{key} = {value!r}, but record {sample.records} of "
+                      f"data.prompt_data ({where}) has no such key", help=fix,
+                      related=("data.prompt_data",))
