@@ -55,13 +55,15 @@ def _module_file(module: str, search: list[str]) -> tuple[str | None, str | None
     parts = module.split(".")
     for depth, part in enumerate(parts):
         found = importlib.machinery.PathFinder.find_spec(part, path)
-        if found is None and depth == 0:
+        if depth == 0 and (found is None or found.origin is None):
             # an editable install maps its packages through a finder of its own, not a path
-            # entry; asking those finders for a top-level name runs no package's code
+            # entry, and `import` takes its regular package over a namespace folder of the same
+            # name on the path (a tests/runtime folder, say); asking those finders for a
+            # top-level name runs no package's code
             found = next((spec for finder in sys.meta_path
                           if finder is not importlib.machinery.PathFinder
                           and hasattr(finder, "find_spec")
-                          and (spec := finder.find_spec(part, None)) is not None), None)
+                          and (spec := finder.find_spec(part, None)) is not None), None) or found
         if found is None:
             where = ".".join(parts[:depth]) or "the Python path"
             return None, f"no module {'.'.join(parts[:depth + 1])!r} in {where}"
