@@ -22,6 +22,12 @@ Built-in names:
     math         either format: the last \\boxed{} if any, else the last "Answer:" line;
                  1.0 or 0.0.
 
+A reward's result is checked: a score that is not a finite number (a string such as "0.5",
+None, NaN, inf) stops the rollout before anything is trained or saved, naming the reward
+function and the sample; so does an exception raised by the reward, or a call that takes
+longer than rollout.reward_timeout_s (a call slower than a tenth of it is reported once per
+rollout). `call` does all this; the loop calls it once per sample.
+
 Numbers are compared by value when both sides parse as numbers (integers, decimals,
 fractions such as \\frac{1}{2}, 1/2, thousands separators, percent signs); everything else
 after normalisation as strings.
@@ -31,8 +37,12 @@ from __future__ import annotations
 
 import importlib
 import math
+import queue
 import re
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 
 RewardFn = Callable[..., "float | dict"]
@@ -224,12 +234,129 @@ def load(name: str) -> RewardFn:
         raise ValueError(f"rollout.reward = {name!r}: {module_name} has no {function}") from None
 
 
+def _number(value) -> float | None:
+    """value as a float when it is a real number (bool, int, float, a numpy or torch scalar),
+    else None; a string is not a number here, whatever it spells."""
+    if isinstance(value, str | bytes) or value is None:
+        return None
+    if isinstance(value, bool | int | float | Fraction):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item) and getattr(value, "shape", None) in ((), None):
+        try:
+            return _number(item())
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
 def score(result) -> tuple[float, dict[str, float]]:
-    """(score, extra numeric metrics) from what a reward returned."""
+    """(score, extra numeric metrics) from what a reward returned.
+
+    Raises:
+        RewardError: the score (a float, or a dict's "score") is not a number.
+    """
     if isinstance(result, dict):
         if "score" not in result:
-            raise ValueError(f"a reward returned a dict without 'score': {sorted(result)}")
-        extra = {k: float(v) for k, v in result.items()
-                 if k != "score" and isinstance(v, int | float | bool)}
-        return float(result["score"]), extra
-    return float(result), {}
+            raise RewardError(f"returned a dict without 'score': {sorted(result)}")
+        extra = {k: number for k, v in result.items()
+                 if k != "score" and (number := _number(v)) is not None}
+        value = _number(result["score"])
+        if value is None:
+            raise RewardError(f"returned {{'score': {result['score']!r}}}, "
+                              f"a {type(result['score']).__name__}, not a number")
+        return value, extra
+    value = _number(result)
+    if value is None:
+        raise RewardError(f"returned {result!r}, a {type(result).__name__}, not a number "
+                          "(return a float, or a dict with a float 'score')")
+    return value, {}
+
+
+class RewardError(RuntimeError):
+    """A reward call failed or returned what GRPO cannot use; the message names the reward
+    function and the sample."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Which sample a reward scored, in the words of the messages."""
+
+    rollout: int
+    index: int  # in the rollout
+    prompt_line: int  # 1-based line of data.prompt_data
+    prompt_file: str
+
+    def describe(self) -> str:
+        return (f"rollout {self.rollout}, sample {self.index} (prompt at "
+                f"{self.prompt_file}:{self.prompt_line})")
+
+
+def function_name(reward_fn: RewardFn) -> str:
+    module = getattr(reward_fn, "__module__", None)
+    name = getattr(reward_fn, "__qualname__", None) or type(reward_fn).__name__
+    return f"{module}:{name}" if module else name
+
+
+class RewardCaller:
+    """Calls a reward on a worker thread of its own, with a time limit per call. A call past
+    its limit is abandoned (a Python thread cannot be stopped; it is a daemon and ends with
+    the process) and the rollout stops with RewardError."""
+
+    def __init__(self, reward_fn: RewardFn, timeout_s: float | None = None,
+                 log: Callable[[str], None] = print):
+        self.reward_fn, self.timeout_s, self.log = reward_fn, timeout_s, log
+        self.name = function_name(reward_fn)
+        self._requests: queue.Queue | None = None
+        self._warned_rollout: int | None = None
+
+    def _worker(self, requests: queue.Queue) -> None:
+        while True:
+            kwargs, answer = requests.get()
+            try:
+                answer.put((True, self.reward_fn(**kwargs)))
+            except BaseException as err:  # handed to the caller, which attributes it
+                answer.put((False, err))
+
+    def _start(self) -> queue.Queue:
+        if self._requests is None:
+            self._requests = queue.Queue()
+            threading.Thread(target=self._worker, args=(self._requests,), daemon=True,
+                             name=f"reward {self.name}").start()
+        return self._requests
+
+    def __call__(self, sample: Sample, **kwargs) -> tuple[float, dict[str, float]]:
+        """(score, extras) of one sample.
+
+        Raises:
+            RewardError: the reward raised, timed out, or returned no finite number.
+        """
+        answer: queue.Queue = queue.Queue(maxsize=1)
+        started = time.monotonic()
+        self._start().put((kwargs, answer))
+        try:
+            ok, result = answer.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self._requests = None  # that thread is stuck: the next call gets a new one
+            raise RewardError(
+                f"reward {self.name} did not return within rollout.reward_timeout_s = "
+                f"{self.timeout_s:g} s on {sample.describe()}; make it faster or raise "
+                "rollout.reward_timeout_s") from None
+        seconds = time.monotonic() - started
+        if (self.timeout_s and seconds > self.timeout_s / 10
+                and self._warned_rollout != sample.rollout):
+            self._warned_rollout = sample.rollout
+            self.log(f"vime: reward {self.name} took {seconds:.1f} s on {sample.describe()} "
+                     f"(rollout.reward_timeout_s = {self.timeout_s:g} s)")
+        if not ok:
+            raise RewardError(f"reward {self.name} raised {type(result).__name__}: {result} on "
+                              f"{sample.describe()}") from result
+        try:
+            value, extra = score(result)
+        except RewardError as err:
+            raise RewardError(f"reward {self.name} {err} on {sample.describe()}") from None
+        if not math.isfinite(value):
+            raise RewardError(f"reward {self.name} returned {value} on {sample.describe()}: "
+                              "a score must be finite; nothing of this rollout was trained "
+                              "or saved")
+        return value, extra

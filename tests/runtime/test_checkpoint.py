@@ -35,7 +35,10 @@ def test_latest_is_the_newest_complete_checkpoint(tmp_path):
     newest = checkpoints.save(9, FakeTrain("b"), {"next_rollout": 10})
     assert checkpoints.latest() == newest
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "rollout_000009"
-    assert Checkpoints.read_state(newest) == {"format": 1, "rollout": 9, "next_rollout": 10}
+    state = Checkpoints.read_state(newest)
+    assert {k: state[k] for k in ("format", "rollout", "next_rollout")} == {
+        "format": 1, "rollout": 9, "next_rollout": 10}
+    assert list(state["files"]) == ["train/weights.txt"]
     # `latest` naming a folder that is gone: the newest complete one is used
     (tmp_path / "ckpt" / "latest").write_text("rollout_000012\n")
     assert checkpoints.latest() == newest
