@@ -217,6 +217,8 @@ def cmd_submit(args) -> int:
                   f"rollout.num_rollout = {spec.rollout.num_rollout}; nothing to run. Raise "
                   "rollout.num_rollout to train on, or --fresh for a new run beside it.")
             return EXIT_OK
+        if not args.as_job:  # the detached launcher takes the lock itself, under its id
+            submit.check_lock(prepared)
         if launcher == "slurm":
             folder = submit.submit_slurm(prepared)
             return _submitted(folder, result, start, args.quiet)

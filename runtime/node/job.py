@@ -65,6 +65,7 @@ from runtime.node.ray_bootstrap import (
     own_signal_handlers,
     temp_dir,
 )
+from vime.launch import lock
 from vime.launch import ports as port_plan
 
 POLL_S = 0.5
@@ -209,6 +210,7 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
     timings = {"attempt": ctx.attempt, "nodes": ctx.nodes, "job_start": started}
     address = f"{common['node_ip']}:{common['plan'].gcs_port}"
     try:
+        _hold_experiment(ctx)
         _preflight(launch, ctx.job_dir)
         node.start(RayNode.command(head=True, address=address, **common))
         timings["ray_start"] = node.started_at
@@ -246,6 +248,8 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         outcome["finished"] = time.time()
+        if outcome["state"] != "requeued":  # the next attempt is the same job and keeps it
+            lock.release(ctx.job_dir.parent, ctx.job_id)
         _write_json(ray_dir / f"done-{ctx.attempt}", {"state": outcome["state"]})
         if not _signalled:  # signalled, the workers were too (scancel, vime cancel)
             _wait_for_workers(ctx)
@@ -254,6 +258,22 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         _write_json(ctx.job_dir / "outcome.json", outcome)
         if outcome["error"]:
             print(f"vime: job failed: {outcome['error']}", file=sys.stderr, flush=True)
+
+
+def _hold_experiment(ctx: NodeContext) -> None:
+    """The experiment's lock for this job (vime/launch/lock.py): already this job's when
+    `vime submit` took it; taken here for a job.sbatch submitted by hand.
+
+    Raises:
+        PreflightError: another live job holds the experiment.
+    """
+    info = _read_json(ctx.job_dir / "job.json") or {}
+    launcher = info.get("launcher", "slurm")
+    try:
+        lock.acquire(ctx.job_dir.parent, lock.holder_now(
+            ctx.job_id, launcher, None if launcher == "slurm" else os.getpid()))
+    except lock.ExperimentLocked as err:
+        raise PreflightError(str(err)) from None
 
 
 def _preflight(launch: dict, job_dir: Path) -> None:

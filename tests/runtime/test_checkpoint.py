@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -126,3 +127,25 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     # the next save clears the debris
     checkpoints.save(1, FakeTrain("b"), {})
     assert not [p for p in folder.iterdir() if p.name.startswith(".partial-")]
+
+
+def test_a_save_removes_only_the_partial_folders_whose_writer_is_gone(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    try:
+        live = folder / f".partial-rollout_000051-abcd1234-{writer.pid}@{host}"
+        gone = folder / f".partial-rollout_000050-abcd1234-{dead.pid}@{host}"
+        elsewhere = folder / ".partial-rollout_000049-abcd1234-1@another-host"
+        for partial in (live, gone, elsewhere):
+            (partial / "train").mkdir(parents=True)
+        Checkpoints(folder).save(52, FakeTrain("a"), {})
+        left = sorted(p.name for p in folder.iterdir() if p.name.startswith(".partial-"))
+        assert left == sorted([live.name, elsewhere.name])  # another job's save in progress
+        assert (live / "train").is_dir()
+    finally:
+        writer.kill()
+        writer.wait()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vime import __version__
 from vime.emit import build
-from vime.launch import jobdir, paths, ports, slurm
+from vime.launch import jobdir, lock, paths, ports, slurm
 from vime.launch.jobdir import JobFolder
 
 DEFAULT_DRIVER = "runtime.node.driver:run"
@@ -112,6 +112,28 @@ def write_folder(prepared: Prepared, job_id: str) -> JobFolder:
     return folder
 
 
+def check_lock(prepared: Prepared) -> None:
+    """Raises SubmitError naming the job that holds the experiment (vime/launch/lock.py)."""
+    try:
+        lock.check(prepared.experiment_dir)
+    except lock.ExperimentLocked as err:
+        raise SubmitError(str(err)) from None
+
+
+def _acquire(prepared: Prepared, job_id: str, launcher: str, pid: int | None) -> None:
+    try:
+        replaced = lock.acquire(prepared.experiment_dir, lock.holder_now(job_id, launcher, pid))
+    except lock.ExperimentLocked as err:
+        raise SubmitError(str(err)) from None
+    except OSError as err:
+        raise SubmitError(f"cannot write the experiment's lock in {prepared.experiment_dir}: "
+                          f"{err.strerror or err}; experiment.output_dir must be a writable "
+                          "folder") from None
+    if replaced is not None:
+        print(f"vime: {replaced.describe()} is gone; its lock on the experiment is taken over",
+              file=sys.stderr, flush=True)
+
+
 def submit_slurm(prepared: Prepared) -> JobFolder:
     from runtime.node.job import SlurmEntry
 
@@ -119,6 +141,7 @@ def submit_slurm(prepared: Prepared) -> JobFolder:
         raise SubmitError("sbatch/srun not found: this machine is not a Slurm submit host "
                           "(use --local to run here, or --ray-address for a running Ray cluster)")
     prepared.experiment_dir.mkdir(parents=True, exist_ok=True)
+    check_lock(prepared)
     spec = prepared.plan.spec
     try:
         job_id = slurm.submit_held(prepared.experiment_dir, prepared.script, spec.cluster.nodes,
@@ -127,11 +150,13 @@ def submit_slurm(prepared: Prepared) -> JobFolder:
     except slurm.SlurmError as err:
         raise SubmitError(f"sbatch refused the job: {err}") from None
     try:
+        _acquire(prepared, job_id, "slurm", None)  # released by the job's head node
         folder = write_folder(prepared, job_id)
         jobdir.remember(job_id, folder.path)
         slurm.release(job_id)
     except BaseException:
         slurm.cancel(job_id)
+        lock.release(prepared.experiment_dir, job_id)
         raise
     return folder
 
@@ -147,12 +172,17 @@ def submit_local(prepared: Prepared, on_start=None, on_poll=None,
     run the job here; on_poll() between the launcher's checks (vime/launch/progress.py)."""
     from vime.launch.local import run_local
 
-    folder = write_folder(prepared, job_id or new_local_id("local"))
-    jobdir.remember(folder.info["job_id"], folder.path)
-    if on_start:
-        on_start(folder)
-    code = run_local(folder.path, prepared.launch["nodes"], prepared.launch["gpus_per_node"],
-                     prepared.launch["env"], on_poll or (lambda: None))
+    job_id = job_id or new_local_id("local")
+    _acquire(prepared, job_id, "local", os.getpid())
+    try:
+        folder = write_folder(prepared, job_id)
+        jobdir.remember(job_id, folder.path)
+        if on_start:
+            on_start(folder)
+        code = run_local(folder.path, prepared.launch["nodes"], prepared.launch["gpus_per_node"],
+                         prepared.launch["env"], on_poll or (lambda: None))
+    finally:
+        lock.release(prepared.experiment_dir, job_id)
     return folder, code
 
 
@@ -160,9 +190,15 @@ def submit_attached(prepared: Prepared, address: str, on_start=None, on_poll=Non
                     job_id: str | None = None) -> tuple[JobFolder, int]:
     from vime.launch.local import run_attached
 
-    folder = write_folder(prepared, job_id or new_local_id("ray"))
-    jobdir.remember(folder.info["job_id"], folder.path)
-    if on_start:
-        on_start(folder)
-    return folder, run_attached(folder.path, address, prepared.launch["env"],
-                                on_poll or (lambda: None))
+    job_id = job_id or new_local_id("ray")
+    _acquire(prepared, job_id, "ray-address", os.getpid())
+    try:
+        folder = write_folder(prepared, job_id)
+        jobdir.remember(job_id, folder.path)
+        if on_start:
+            on_start(folder)
+        code = run_attached(folder.path, address, prepared.launch["env"],
+                            on_poll or (lambda: None))
+    finally:
+        lock.release(prepared.experiment_dir, job_id)
+    return folder, code
