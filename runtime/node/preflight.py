@@ -10,6 +10,10 @@ Ray starts (issue 15: a missing prompt file was found after the queue wait and 4
   same module a little earlier, with the driver's own message. A misspelt built-in name is
   V906 at compile time and never reaches a job.
 
+- the checkpoint folder (model.save, else <experiment>/checkpoints) must be writable, with
+  room for a save as large as the newest one there: a read-only model.save failed only at the
+  first save, checkpoint.save_interval rollouts in.
+
 Another driver (VIME_DRIVER) may read no prompts and no reward: nothing is checked then.
 """
 
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from runtime.core.slices import _path, _spec_dir
 from runtime.rl import rewards
+from runtime.rl.checkpoint import CheckpointError, Checkpoints
 
 
 class PreflightError(RuntimeError):
@@ -51,11 +56,25 @@ def reward_problem(name: str) -> str | None:
     return None
 
 
+def save_dir_problem(save: str | None, spec_dir: Path, experiment_dir: Path) -> str | None:
+    """None when the checkpoint folder can be written and has room for the next save."""
+    folder = _path(save, spec_dir) if save else Path(experiment_dir) / "checkpoints"
+    checkpoints = Checkpoints(folder)
+    try:
+        checkpoints.check_writable()
+        checkpoints.check_space()
+    except CheckpointError as err:
+        return f"{'model.save' if save else 'experiment.output_dir'}: {err}"
+    return None
+
+
 def check_job(job_dir: Path) -> None:
     """Raises PreflightError with the first problem of the job folder's spec."""
     plan = json.loads((job_dir / "plan.json").read_text())
     spec = tomllib.loads((job_dir / "resolved.toml").read_text())
-    problem = (prompt_data_problem(spec["data"]["prompt_data"], _spec_dir(plan, job_dir))
-               or reward_problem(spec["rollout"]["reward"]))
+    spec_dir = _spec_dir(plan, job_dir)
+    problem = (prompt_data_problem(spec["data"]["prompt_data"], spec_dir)
+               or reward_problem(spec["rollout"]["reward"])
+               or save_dir_problem(spec["model"].get("save"), spec_dir, job_dir.parent))
     if problem:
         raise PreflightError(problem)

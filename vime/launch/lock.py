@@ -114,7 +114,7 @@ def acquire(folder: Path, holder: Holder) -> Holder | None:
         ExperimentLocked: another job holds it and is not known to be gone.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)  # OSError: the caller names the key
     path = folder / LOCK_FILE
     replaced = None
     for _ in range(5):

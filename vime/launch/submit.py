@@ -7,8 +7,10 @@ submitted held and released once its folder is complete."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -101,14 +103,31 @@ def dry_run_text(prepared: Prepared) -> str:
             + f"\ndriver: {launch['driver']}\n(dry run: nothing was submitted)\n")
 
 
+def environment_error(err: OSError, what: str, key: str) -> SubmitError:
+    """An OS error on a path the user chose, said as such: the path, the reason, the key."""
+    reason = "No space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+    return SubmitError(f"cannot write {what} {err.filename or ''}: {reason}. This is the "
+                       f"machine's file system, not the spec: make {key} a writable folder "
+                       "with free space, or point it elsewhere")
+
+
 def write_folder(prepared: Prepared, job_id: str) -> JobFolder:
+    """Raises:
+        SubmitError: the folder cannot be written (read-only, a file in the way, a full
+            disk); a half-written job folder is removed."""
     folder = JobFolder(prepared.experiment_dir / job_id)
-    folder.path.mkdir(parents=True, exist_ok=True)
+    existed = folder.path.exists()
     info = dict(prepared.info, job_id=job_id,
                 submitted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    folder.write({**prepared.files,
-                  "launch.json": jobdir.dumps(dict(prepared.launch, job_id=job_id)),
-                  "job.json": jobdir.dumps(info)})
+    try:
+        folder.path.mkdir(parents=True, exist_ok=True)
+        folder.write({**prepared.files,
+                      "launch.json": jobdir.dumps(dict(prepared.launch, job_id=job_id)),
+                      "job.json": jobdir.dumps(info)})
+    except OSError as err:
+        if not existed:
+            shutil.rmtree(folder.path, ignore_errors=True)
+        raise environment_error(err, "the job folder", "experiment.output_dir") from None
     return folder
 
 
@@ -126,9 +145,8 @@ def _acquire(prepared: Prepared, job_id: str, launcher: str, pid: int | None) ->
     except lock.ExperimentLocked as err:
         raise SubmitError(str(err)) from None
     except OSError as err:
-        raise SubmitError(f"cannot write the experiment's lock in {prepared.experiment_dir}: "
-                          f"{err.strerror or err}; experiment.output_dir must be a writable "
-                          "folder") from None
+        raise environment_error(err, "the experiment's lock in", "experiment.output_dir") \
+            from None
     if replaced is not None:
         print(f"vime: {replaced.describe()} is gone; its lock on the experiment is taken over",
               file=sys.stderr, flush=True)
