@@ -211,6 +211,8 @@ def cmd_submit(args) -> int:
             source, result, prepared = _fresh(args, prepared, launcher)
         spec = prepared.plan.spec
         start = resume.start_point(spec, prepared.experiment_dir)
+        if start.problem:  # the job would stop on it after Ray's start
+            raise UsageError(start.describe(spec.rollout.num_rollout))
         if start.next_rollout >= spec.rollout.num_rollout:
             # said before Ray starts or the job queues (issue 15: 38 s of Ray to say it)
             print(f"vime: {spec.experiment.name} is finished: its checkpoint "
@@ -273,7 +275,8 @@ def _preflight_here(prepared, source, ray_address: str | None) -> None:
 
     # the head node's own checks and messages (runtime/node/preflight.py), from the same folders
     spec = prepared.plan.spec
-    problem = (prompt_data_problem(spec.data.prompt_data, Path(source.name).resolve().parent)
+    problem = (prompt_data_problem(spec.data.prompt_data, Path(source.name).resolve().parent,
+                                   spec.data.input_key, spec.data.label_key)
                or save_dir_problem(spec.model.save, Path(source.name).resolve().parent,
                                    prepared.experiment_dir))
     if problem:

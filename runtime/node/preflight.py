@@ -32,14 +32,32 @@ class PreflightError(RuntimeError):
     """The job cannot run: the message says which key and why, and is the job's outcome."""
 
 
-def prompt_data_problem(value: str, spec_dir: Path) -> str | None:
-    """None when the prompt file opens, else the message: the one the driver would give
-    (runtime/core/slices.py), after the key."""
+def prompt_data_problem(value: str, spec_dir: Path, input_key: str | None = None,
+                        label_key: str | None = None) -> str | None:
+    """None when the prompt file opens and every line is a JSON object with the input and
+    label keys, else the message: the driver's own (runtime/core/slices.py,
+    runtime/rl/data.py), after the key, naming the file and the line."""
     try:
-        with open(_path(value, spec_dir, must_exist=True), "rb"):
-            return None
+        path = _path(value, spec_dir, must_exist=True)
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    return f"data.prompt_data: {path}:{number}: not JSON: {err}"
+                if not isinstance(row, dict):
+                    return f"data.prompt_data: {path}:{number}: not a JSON object"
+                for key, name in ((input_key, "data.input_key"), (label_key, "data.label_key")):
+                    if key is not None and key not in row:
+                        return (f"data.prompt_data: {path}:{number}: no key {key!r} ({name}); "
+                                f"it has {sorted(row)}")
+        return None
     except FileNotFoundError as err:
         return f"data.prompt_data: {err}"
+    except UnicodeDecodeError as err:
+        return f"data.prompt_data: {value}: not UTF-8 text: {err}"
     except OSError as err:
         return f"data.prompt_data: {err.filename}: {err.strerror}"
 
@@ -73,7 +91,9 @@ def check_job(job_dir: Path) -> None:
     plan = json.loads((job_dir / "plan.json").read_text())
     spec = tomllib.loads((job_dir / "resolved.toml").read_text())
     spec_dir = _spec_dir(plan, job_dir)
-    problem = (prompt_data_problem(spec["data"]["prompt_data"], spec_dir)
+    data = spec["data"]
+    problem = (prompt_data_problem(data["prompt_data"], spec_dir, data["input_key"],
+                                   data["label_key"])
                or reward_problem(spec["rollout"]["reward"])
                or save_dir_problem(spec["model"].get("save"), spec_dir, job_dir.parent))
     if problem:

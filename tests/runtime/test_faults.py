@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runtimekit import ROOT, in_process_loop, job_config, metrics
+from runtimekit import ROOT, TINY, in_process_loop, job_config, metrics, vime
 
 from runtime.rl import guards
 from runtime.rl.checkpoint import CheckpointError, Checkpoints
@@ -207,3 +207,28 @@ def test_the_metrics_line_is_on_disk_before_the_checkpoint_that_covers_it(tmp_pa
     assert seen == [(0, 0), (1, 1)]
     assert os.path.exists(config.save_dir / "rollout_000001")
     assert json.loads((config.save_dir / "rollout_000001" / "state.json").read_text())["files"]
+
+
+def test_vime_submit_names_an_incomplete_newest_checkpoint_before_starting(tmp_path):
+    config = _two_checkpoints(tmp_path)
+    newest = config.save_dir / "rollout_000001"
+    (newest / "state.json").write_text("")
+    sets = ["--set", f"experiment.output_dir={json.dumps(str(tmp_path / 'runs'))}"]
+    done = vime("submit", "--local", str(TINY), *sets, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (f"checkpoint {newest} is corrupt or incomplete: {newest / 'state.json'} cannot be "
+            "read: JSONDecodeError") in done.stderr
+    assert 'checkpoint.on_corrupt = "previous"' in done.stderr
+    assert not list(config.job_dir.parent.glob("local-*"))  # nothing started
+
+
+def test_a_malformed_prompt_line_is_named_by_file_and_line_before_starting(tmp_path):
+    rows = [json.dumps({"prompt": f"What is {i} + 1?", "label": str(i + 1)}) for i in range(25)]
+    rows[20] = rows[20][:-12]  # line 21 cut short
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    done = vime("submit", "--local", str(TINY), "--set",
+                f"experiment.output_dir={json.dumps(str(tmp_path / 'runs'))}", "--set",
+                f"data.prompt_data={json.dumps(str(data))}", timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"vime: error: data.prompt_data: {data}:21: not JSON: " in done.stderr
