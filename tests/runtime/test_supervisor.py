@@ -148,3 +148,23 @@ def test_an_engine_dead_at_the_weight_push_is_replaced_and_the_push_made_again(g
         train.push_weights(engines, 3, 1 << 20)
     assert str(failure.value).startswith("rollout engine 0 on node 0: its actor died (")
     assert "during the weight push" in str(failure.value)
+
+
+def test_a_dead_training_actor_is_named_in_the_jobs_error(groups, tmp_path):
+    import json
+
+    import ray
+
+    from runtime.node.errors import one_line
+
+    config, group, train, rollout = groups
+    where = {"train": train.where(), "rollout": rollout.where()}
+    (config.job_dir / "placement.json").write_text(json.dumps(where))
+    ray.kill(train.workers[1], no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError) as failure:
+        for _ in range(600):  # ray.kill only sends the kill
+            train.where()
+            time.sleep(0.05)
+    line = one_line(failure.value, config.job_dir, tmp_path / "node-0.log")
+    host, pid = where["train"][1]["host"], where["train"][1]["pid"]
+    assert line.startswith(f"TrainWorker (training rank 1 on {host}, pid {pid}) died: "), line
