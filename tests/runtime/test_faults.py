@@ -232,3 +232,22 @@ def test_a_malformed_prompt_line_is_named_by_file_and_line_before_starting(tmp_p
                 f"data.prompt_data={json.dumps(str(data))}", timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"vime: error: data.prompt_data: {data}:21: not JSON: " in done.stderr
+
+
+def test_a_slow_reward_is_reported_once_per_rollout():
+    import time
+
+    from runtime.rl.rewards import RewardCaller, Sample
+
+    def slow(prompt, response, label):
+        time.sleep(0.15)
+        return 1.0
+
+    lines = []
+    call = RewardCaller(slow, timeout_s=1.0, log=lines.append)
+    for index in range(3):
+        assert call(Sample(4, index, 7, "p.jsonl"), prompt="", response="", label="") == (1.0, {})
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"vime: reward {__name__}:test_a_slow_reward_is_reported_once_"
+                               "per_rollout.<locals>.slow took ")
+    assert "on rollout 4, sample 0 (prompt at p.jsonl:7) (rollout.reward_timeout_s = 1 s)" in lines[0]
