@@ -246,14 +246,24 @@ class Checkpoints:
         return run_checkpoint.latest(self.load_dir)
 
     def candidates(self) -> list[Path]:
-        """Every rollout_* folder of the load folder, newest first: complete or not (a
-        rollout_* folder is only ever made by a rename of a complete save)."""
+        """The checkpoints a resume may load, the first choice first: the one `latest`
+        names, then the older ones, newest first (when `latest` is missing or names a
+        folder that is gone: every one, newest first). Complete or not: a rollout_* folder
+        is only ever made by the rename of a complete save, so an incomplete one is damage
+        and is named, not skipped."""
         try:
             entries = list(self.load_dir.iterdir())
         except OSError:
             return []
-        return sorted((p for p in entries if p.name.startswith("rollout_") and p.is_dir()),
-                      reverse=True)
+        found = sorted((p for p in entries if p.name.startswith("rollout_") and p.is_dir()),
+                       reverse=True)
+        try:
+            named = (self.load_dir / LATEST).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            named = ""
+        if named and (self.load_dir / named) in found:
+            return [p for p in found if p.name <= named]
+        return found
 
     def resume_point(self, on_corrupt: str = "stop") -> Path | None:
         """The newest checkpoint whose files match its record, or None when there is none.

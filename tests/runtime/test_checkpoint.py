@@ -17,7 +17,7 @@ import torch
 from runtimekit import ROOT, job_config
 
 from runtime.backends.torch_train import TorchTrainingBackend
-from runtime.rl.checkpoint import Checkpoints
+from runtime.rl.checkpoint import CheckpointError, Checkpoints
 
 
 class FakeTrain:
@@ -71,7 +71,7 @@ sys.path.insert(0, {tests!r})
 from pathlib import Path
 from runtimekit import job_config
 from runtime.backends.torch_train import TorchTrainingBackend
-from runtime.rl.checkpoint import Checkpoints
+from runtime.rl.checkpoint import CheckpointError, Checkpoints
 
 tmp = Path({tmp!r})
 _, _, config = job_config(tmp)
@@ -149,3 +149,17 @@ def test_a_save_removes_only_the_partial_folders_whose_writer_is_gone(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_a_resume_starts_from_the_checkpoint_latest_names(tmp_path):
+    checkpoints = Checkpoints(tmp_path / "ckpt")
+    for rollout in (4, 9, 14):
+        checkpoints.save(rollout, FakeTrain(str(rollout)), {"next_rollout": rollout + 1})
+    assert checkpoints.resume_point().name == "rollout_000014"
+    (tmp_path / "ckpt" / "latest").write_text("rollout_000009\n")  # rolled back by hand
+    assert checkpoints.resume_point().name == "rollout_000009"
+    (tmp_path / "ckpt" / "rollout_000009" / "train" / "weights.txt").write_text("x")
+    with pytest.raises(CheckpointError, match="rollout_000009/train/weights.txt has 1 bytes|"
+                                              "does not match its recorded sha256"):
+        checkpoints.resume_point()
+    assert checkpoints.resume_point("previous").name == "rollout_000004"
