@@ -26,7 +26,7 @@ A reward's result is checked: a score that is not a finite number (a string such
 None, NaN, inf) stops the rollout before anything is trained or saved, naming the reward
 function and the sample; so does an exception raised by the reward, or a call that takes
 longer than rollout.reward_timeout_s (a call slower than a tenth of it is reported once per
-rollout). `call` does all this; the loop calls it once per sample.
+rollout). `RewardCaller` does all this; the loop calls it once per sample.
 
 Numbers are compared by value when both sides parse as numbers (integers, decimals,
 fractions such as \\frac{1}{2}, 1/2, thousands separators, percent signs); everything else
@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import importlib
 import math
-import queue
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -298,32 +298,70 @@ def function_name(reward_fn: RewardFn) -> str:
     return f"{module}:{name}" if module else name
 
 
+class _RewardTimeout(BaseException):
+    """Raised in the main thread by the watch when a reward call passes its limit."""
+
+
 class RewardCaller:
-    """Calls a reward on a worker thread of its own, with a time limit per call. A call past
-    its limit is abandoned (a Python thread cannot be stopped; it is a daemon and ends with
-    the process) and the rollout stops with RewardError."""
+    """Calls a reward with a time limit per call. The reward runs in the calling thread (many
+    verifiers time their own parsing with signal.alarm, which works only in the main
+    thread: math-verify does); a watch thread interrupts the main thread when a call passes
+    its limit (SIGUSR1 sent to that thread, whose handler is set only for the duration of a
+    call). Off the main thread there is no interruption, only the report of a
+    slow call."""
+
+    SIGNAL = signal.SIGUSR1
 
     def __init__(self, reward_fn: RewardFn, timeout_s: float | None = None,
                  log: Callable[[str], None] = print):
         self.reward_fn, self.timeout_s, self.log = reward_fn, timeout_s, log
         self.name = function_name(reward_fn)
-        self._requests: queue.Queue | None = None
         self._warned_rollout: int | None = None
+        self._lock = threading.Condition()
+        self._deadline: float | None = None  # of the call in progress
+        self._expired = False
+        self._watch: threading.Thread | None = None
 
-    def _worker(self, requests: queue.Queue) -> None:
-        while True:
-            kwargs, answer = requests.get()
+    def _watch_calls(self) -> None:
+        with self._lock:
+            while True:
+                if self._deadline is None:
+                    self._lock.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._lock.wait(left)
+                    continue
+                self._deadline, self._expired = None, True
+                # to the main thread itself: a blocking call there (a sleep, a read) returns
+                # with EINTR and the handler runs
+                signal.pthread_kill(threading.main_thread().ident, self.SIGNAL)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._expired:
+            raise _RewardTimeout
+
+    def _call(self, kwargs: dict):
+        main = threading.current_thread() is threading.main_thread()
+        if not (main and self.timeout_s):
+            return self.reward_fn(**kwargs)
+        if self._watch is None:
+            self._watch = threading.Thread(target=self._watch_calls, daemon=True,
+                                           name="vime reward watch")
+            self._watch.start()
+        previous = signal.signal(self.SIGNAL, self._on_signal)
+        try:
+            with self._lock:
+                self._expired = False
+                self._deadline = time.monotonic() + self.timeout_s
+                self._lock.notify()
             try:
-                answer.put((True, self.reward_fn(**kwargs)))
-            except BaseException as err:  # handed to the caller, which attributes it
-                answer.put((False, err))
-
-    def _start(self) -> queue.Queue:
-        if self._requests is None:
-            self._requests = queue.Queue()
-            threading.Thread(target=self._worker, args=(self._requests,), daemon=True,
-                             name=f"reward {self.name}").start()
-        return self._requests
+                return self.reward_fn(**kwargs)
+            finally:
+                with self._lock:
+                    self._deadline = None
+        finally:
+            signal.signal(self.SIGNAL, previous)
 
     def __call__(self, sample: Sample, **kwargs) -> tuple[float, dict[str, float]]:
         """(score, extras) of one sample.
@@ -331,17 +369,16 @@ class RewardCaller:
         Raises:
             RewardError: the reward raised, timed out, or returned no finite number.
         """
-        answer: queue.Queue = queue.Queue(maxsize=1)
         started = time.monotonic()
-        self._start().put((kwargs, answer))
         try:
-            ok, result = answer.get(timeout=self.timeout_s)
-        except queue.Empty:
-            self._requests = None  # that thread is stuck: the next call gets a new one
+            ok, result = True, self._call(kwargs)
+        except _RewardTimeout:
             raise RewardError(
                 f"reward {self.name} did not return within rollout.reward_timeout_s = "
                 f"{self.timeout_s:g} s on {sample.describe()}; make it faster or raise "
                 "rollout.reward_timeout_s") from None
+        except Exception as err:
+            ok, result = False, err
         seconds = time.monotonic() - started
         if (self.timeout_s and seconds > self.timeout_s / 10
                 and self._warned_rollout != sample.rollout):

@@ -251,3 +251,19 @@ def test_a_slow_reward_is_reported_once_per_rollout():
     assert lines[0].startswith(f"vime: reward {__name__}:test_a_slow_reward_is_reported_once_"
                                "per_rollout.<locals>.slow took ")
     assert "on rollout 4, sample 0 (prompt at p.jsonl:7) (rollout.reward_timeout_s = 1 s)" in lines[0]
+
+
+def test_a_reward_that_times_itself_with_signal_alarm_runs_in_the_main_thread():
+    import signal
+
+    from runtime.rl.rewards import RewardCaller, Sample
+
+    def with_alarm(prompt, response, label):  # as math-verify times its parsing
+        previous = signal.signal(signal.SIGALRM, lambda *_: None)
+        signal.alarm(5)
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        return 0.5
+
+    call = RewardCaller(with_alarm, timeout_s=30.0)
+    assert call(Sample(0, 0, 1, "p.jsonl"), prompt="", response="", label="") == (0.5, {})
