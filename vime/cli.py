@@ -6,6 +6,7 @@ stopped by Ctrl-C exits 130, by SIGHUP 129, by SIGTERM 143 (128 + the signal).""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import time
@@ -260,6 +261,8 @@ def cmd_submit(args) -> int:
             source, result, prepared = _fresh(args, prepared, launcher)
         spec = prepared.plan.spec
         start = resume.start_point(spec, prepared.experiment_dir)
+        if start.problem:  # the job would stop on it after Ray's start
+            raise UsageError(start.describe(spec.rollout.num_rollout))
         if start.next_rollout >= spec.rollout.num_rollout:
             # said before Ray starts or the job queues (issue 15: 38 s of Ray to say it)
             print(f"vime: {spec.experiment.name} is finished: its checkpoint "
@@ -267,6 +270,8 @@ def cmd_submit(args) -> int:
                   f"rollout.num_rollout = {spec.rollout.num_rollout}; nothing to run. Raise "
                   "rollout.num_rollout to train on, or --fresh for a new run beside it.")
             return EXIT_OK
+        if not args.as_job:  # the detached launcher takes the lock itself, under its id
+            submit.check_lock(prepared)
         if launcher == "slurm":
             folder = submit.submit_slurm(prepared)
             return _submitted(folder, result, start, args.quiet)
@@ -317,11 +322,14 @@ def _preflight_here(prepared, source, ray_address: str | None) -> None:
         return
     if prepared.launch["driver"] != submit.DEFAULT_DRIVER:
         return  # another driver (VIME_DRIVER) may read no prompts
-    from runtime.node.preflight import prompt_data_problem
+    from runtime.node.preflight import prompt_data_problem, save_dir_problem
 
-    # the head node's own check and message (runtime/node/preflight.py), from the same folders
-    problem = prompt_data_problem(prepared.plan.spec.data.prompt_data,
-                                  Path(source.name).resolve().parent)
+    # the head node's own checks and messages (runtime/node/preflight.py), from the same folders
+    spec = prepared.plan.spec
+    problem = (prompt_data_problem(spec.data.prompt_data, Path(source.name).resolve().parent,
+                                   spec.data.input_key, spec.data.label_key)
+               or save_dir_problem(spec.model.save, Path(source.name).resolve().parent,
+                                   prepared.experiment_dir))
     if problem:
         raise UsageError(problem)
 
@@ -551,6 +559,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as err:  # the machine's file system: a path, a permission, a full disk
+        if os.environ.get("VIME_DEBUG"):
+            traceback.print_exc()
+        reason = "No space left on device" if err.errno == errno.ENOSPC else (
+            err.strerror or str(err))
+        print(f"vime: error: {reason}: {err.filename or ''}\nThis is the environment "
+              "(a permission, a full disk, a file where a folder should be), not a bug in vime; "
+              "fix that path or choose another (experiment.output_dir, model.save).",
+              file=sys.stderr)
+        return EXIT_USAGE
     except Exception as err:  # an internal error is vime's bug, not the user's
         if os.environ.get("VIME_DEBUG"):
             traceback.print_exc()

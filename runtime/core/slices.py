@@ -180,6 +180,9 @@ class JobConfig:
     vllm_args: tuple[str, ...] = ()
     # bytes per weight bucket, from plan.json's memory headroom (runtime/core/weights.py)
     weight_bucket_bytes: int = weights.BUCKET_FLOOR_BYTES
+    reward_timeout_s: float = 300.0  # rollout.reward_timeout_s
+    keep_last: int = 0  # checkpoint.keep_last
+    on_corrupt: str = "stop"  # checkpoint.on_corrupt
 
     # ------------------------------------------------------------------------------ build
 
@@ -257,6 +260,10 @@ class JobConfig:
             vllm_args=_argfile(job_dir / "vllm.args"),
             weight_bucket_bytes=(weights.bucket_bytes(plan["memory"]) if plan.get("memory")
                                  else weights.BUCKET_FLOOR_BYTES),
+            # job folders compiled before these keys existed have none: the schema's defaults
+            reward_timeout_s=float(rollout.get("reward_timeout_s", 300.0)),
+            keep_last=int(spec["checkpoint"].get("keep_last", 0)),
+            on_corrupt=spec["checkpoint"].get("on_corrupt", "stop"),
         )
 
     # ----------------------------------------------------------------------------- slices

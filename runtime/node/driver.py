@@ -68,8 +68,21 @@ def job_loop(config: JobConfig, train, rollout, metrics, log=log):
     prompts, _dropped = read_prompts(config.data, tokenizer)
     return GRPOLoop(config, train, rollout,
                     PromptSampler(prompts, config.seed, config.data.shuffle), tokenizer,
-                    rewards.load(config.reward, spec_dir_of(config.job_dir)), metrics,
-                    Checkpoints(config.save_dir, config.load_dir), log=log)
+                    rewards.load(config.reward, spec_dir_of(config.job_dir)), metrics, checkpoints_of(config, log), log=log)
+
+
+def checkpoints_of(config: JobConfig, log=log) -> Checkpoints:
+    """The job's checkpoint folders, the save folder checked writable and with room for a
+    save as large as the newest one there, before anything starts.
+
+    Raises:
+        CheckpointError: the save folder cannot be written, or its file system is too full.
+    """
+    checkpoints = Checkpoints(config.save_dir, config.load_dir, keep_last=config.keep_last,
+                              log=log)
+    checkpoints.check_writable()
+    checkpoints.check_space()
+    return checkpoints
 
 
 def cpu_threads_per_actor(config: JobConfig) -> int:
@@ -108,6 +121,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
 
     started = time.perf_counter()
     config = JobConfig.from_job(plan, resolved_toml, job_dir)
+    checkpoints = checkpoints_of(config)
     for kind, name in (("training", config.train_backend), ("rollout", config.rollout_backend)):
         backends.reference(kind, name)  # fails now, with the issue number, if not written yet
     reward_fn = rewards.load(config.reward, spec_dir_of(config.job_dir))
@@ -135,8 +149,8 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     metrics = MetricsLogger(config.job_dir, config.job_dir.name, config.tensorboard_dir,
                             config.wandb_project, config.wandb_group,
                             config=dict(config.resolved), print_fn=log)
-    loop = GRPOLoop(config, train, rollout, sampler, tokenizer, reward_fn, metrics,
-                    Checkpoints(config.save_dir, config.load_dir), log=log)
+    loop = GRPOLoop(config, train, rollout, sampler, tokenizer, reward_fn, metrics, checkpoints,
+                    log=log)
     restored = loop.restore()
 
     def restore_weights(engines) -> None:

@@ -43,17 +43,40 @@ def _who(job_dir: Path, pid: int | None) -> str | None:
     return None
 
 
+# the lines of an ActorDiedError's message that say which actor (ray/exceptions.py)
+DIED_FIELD = re.compile(r"^\s*(?P<key>class_name|pid|ip): (?P<value>\S+)\s*$", re.MULTILINE)
+
+
+def _dead_actor(text: str, job_dir: Path) -> str | None:
+    """'RolloutWorker (engine 1 on host-a, pid 4242)' from an ActorDiedError's message, or
+    None when the message names no actor."""
+    fields = {m.group("key"): m.group("value") for m in DIED_FIELD.finditer(text)}
+    if "class_name" not in fields:
+        return None
+    pid = int(fields["pid"]) if fields.get("pid", "").isdigit() else None
+    where = _who(job_dir, pid)
+    details = [part for part in (where, fields.get("ip") and not where and f"node {fields['ip']}",
+                                 pid and f"pid {pid}") if part]
+    return f"{fields['class_name']} ({', '.join(details)})" if details else fields["class_name"]
+
+
 def one_line(err: BaseException, job_dir: Path, log: Path) -> str:
     names = {cls.__name__ for cls in type(err).__mro__}
     if "RayTaskError" in names or "RayActorError" in names:
-        found = RAY_TASK.search(plain(str(err)))
+        text = plain(str(err))
+        found = RAY_TASK.search(text)
+        dead = _dead_actor(text, job_dir)
+        if found is None and dead:  # a call to an actor that had died
+            first = text.strip().splitlines()[0]
+            return f"{dead} died: {first} (full message in {log})"
         function = found.group("function") if found else "a Ray actor"
         pid = int(found.group("pid")) if found and found.group("pid") else None
         ip = found.group("ip") if found else None
         where = _who(job_dir, pid) or ", ".join(
             part for part in (ip and f"node {ip}", pid and f"pid {pid}") if part) or "Ray"
-        what = _last_line(err) if "RayTaskError" in names else \
-            plain(str(err)).strip().splitlines()[0]
+        what = _last_line(err) if "RayTaskError" in names else text.strip().splitlines()[0]
+        if dead and "ActorDiedError" in what:  # the call failed because another actor died
+            what = f"{dead} died ({what})"
         return f"{function} failed on {where}: {what} (full traceback in {log})"
     lines = [line for line in plain(str(err)).splitlines() if line.strip()]
     text = f"{type(err).__name__}: {lines[0].strip()}" if lines else type(err).__name__

@@ -29,6 +29,12 @@ An exception fails the job (its traceback is in logs/node-0.log and outcome.json
 Which driver: launch.json's "driver", `module:function` or `/path/file.py:function`, taken
 from VIME_DRIVER when the job was submitted (default runtime.node.driver:run).
 
+While the driver runs, a watch thread checks the head's `ray start --head --block` every
+RAY_WATCH_S: it exits as soon as its GCS or raylet dies. The job's outcome then says so
+(failed, with the reason and the Ray log); the driver gets RAY_LOST_GRACE_S to fail by itself,
+after which the node tears down and exits (a driver's Ray client otherwise retries the GCS
+for 60 s and fails with no reason).
+
 Signals: SIGTERM (scancel, the end of the job) stops this node's Ray and exits. USR2, sent
 120 s before the time limit (or by `scancel --signal=USR2`), goes to submitit's handler on
 the head: it calls SlurmEntry.checkpoint (a resubmission with resume=True) and requeues the
@@ -47,6 +53,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import tomllib
 import traceback
@@ -66,6 +73,7 @@ from runtime.node.ray_bootstrap import (
     own_signal_handlers,
     temp_dir,
 )
+from vime.launch import lock
 from vime.launch import ports as port_plan
 
 POLL_S = 0.5
@@ -78,6 +86,8 @@ TERMINATED_GRACE_S = 1.0
 # raylet_start_wait_time_s) and exits 1 after that; on a loaded node that happens. NeMo-RL's
 # ray.sub retries 3 times too.
 JOIN_TRIES = 3
+RAY_WATCH_S = 0.5
+RAY_LOST_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -210,6 +220,7 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
     timings = {"attempt": ctx.attempt, "nodes": ctx.nodes, "job_start": started}
     address = f"{common['node_ip']}:{common['plan'].gcs_port}"
     try:
+        _hold_experiment(ctx)
         _preflight(launch, ctx.job_dir)
         node.start(RayNode.command(head=True, address=address, **common))
         timings["ray_start"] = node.started_at
@@ -229,7 +240,12 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         os.environ["RAY_ADDRESS"] = address
         resolved = (ctx.job_dir / "resolved.toml").read_text()
         plan = json.loads((ctx.job_dir / "plan.json").read_text())
-        driver(plan, resolved, ctx.job_dir, ctx.resume)
+        watch = _RayWatch(ctx, node, address, outcome)
+        watch.start()
+        try:
+            driver(plan, resolved, ctx.job_dir, ctx.resume)
+        finally:
+            watch.driver_done.set()
         outcome["state"] = "succeeded"
     except _Terminated:
         outcome["state"] = "terminated"
@@ -241,12 +257,17 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         outcome["error"] = str(err)
         raise
     except BaseException as err:
-        outcome["error"] = one_line(err, ctx.job_dir, ctx.job_dir / "logs" / "node-0.log")
+        outcome["error"] = outcome.get("ray_lost") or one_line(
+            err, ctx.job_dir, ctx.job_dir / "logs" / "node-0.log")
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if outcome.get("ray_lost") and not _signalled:
+            outcome.update(state="failed", error=outcome["ray_lost"])
         outcome["finished"] = time.time()
+        if outcome["state"] != "requeued":  # the next attempt is the same job and keeps it
+            lock.release(ctx.job_dir.parent, ctx.job_id)
         _write_json(ray_dir / f"done-{ctx.attempt}", {"state": outcome["state"]})
         if not _signalled:  # signalled, the workers were too (scancel, vime cancel)
             _wait_for_workers(ctx)
@@ -255,6 +276,55 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
         _write_json(ctx.job_dir / "outcome.json", outcome)
         if outcome["error"]:
             print(f"vime: job failed: {outcome['error']}", file=sys.stderr, flush=True)
+
+
+def _hold_experiment(ctx: NodeContext) -> None:
+    """The experiment's lock for this job (vime/launch/lock.py): already this job's when
+    `vime submit` took it; taken here for a job.sbatch submitted by hand.
+
+    Raises:
+        PreflightError: another live job holds the experiment.
+    """
+    info = _read_json(ctx.job_dir / "job.json") or {}
+    launcher = info.get("launcher", "slurm")
+    try:
+        lock.acquire(ctx.job_dir.parent, lock.holder_now(
+            ctx.job_id, launcher, None if launcher == "slurm" else os.getpid()))
+    except lock.ExperimentLocked as err:
+        raise PreflightError(str(err)) from None
+
+
+class _RayWatch(threading.Thread):
+    """The head's Ray under a running driver (see the module's docstring)."""
+
+    def __init__(self, ctx: NodeContext, node: RayNode, address: str, outcome: dict):
+        super().__init__(name="vime ray watch", daemon=True)
+        self.ctx, self.node, self.address, self.outcome = ctx, node, address, outcome
+        self.driver_done = threading.Event()
+
+    def run(self) -> None:
+        while not self.driver_done.wait(RAY_WATCH_S):
+            code = self.node.exit_code()
+            if code is None:
+                continue
+            # scancel signals `ray start` and this process together: that is no loss
+            if self.driver_done.wait(RAY_WATCH_S * 2) or _signalled:
+                return
+            reason = (f"the job's Ray stopped under the driver: `ray start --head` exited with "
+                      f"code {code}, so its GCS at {self.address} or its raylet died (killed, "
+                      f"out of memory, or the node lost); see {self.node.log_path} and "
+                      f"{self.ctx.job_dir / 'logs' / 'ray' / 'node-0'}. Resubmit to resume "
+                      "from the last checkpoint")
+            self.outcome["ray_lost"] = reason
+            print(f"vime: {reason}", file=sys.stderr, flush=True)
+            _write_json(self.ctx.job_dir / "outcome.json", dict(
+                self.outcome, state="failed", error=reason, finished=time.time()))
+            if self.driver_done.wait(RAY_LOST_GRACE_S):
+                return  # the driver failed by itself: the head's own teardown follows
+            _write_json(self.ctx.job_dir / "ray" / f"done-{self.ctx.attempt}",
+                        {"state": "failed"})
+            _stop(self.node, self.ctx)
+            os._exit(1)
 
 
 def _preflight(launch: dict, job_dir: Path) -> None:

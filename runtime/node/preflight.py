@@ -10,6 +10,10 @@ Ray starts (issue 15: a missing prompt file was found after the queue wait and 4
   same module a little earlier, with the driver's own message. A misspelt built-in name is
   V906 at compile time and never reaches a job.
 
+- the checkpoint folder (model.save, else <experiment>/checkpoints) must be writable, with
+  room for a save as large as the newest one there: a read-only model.save failed only at the
+  first save, checkpoint.save_interval rollouts in.
+
 Another driver (VIME_DRIVER) may read no prompts and no reward: nothing is checked then.
 
 Whatever the driver, the head's log gets one line of the packages installed on it with their
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from runtime.core.slices import _path, _spec_dir
 from runtime.rl import rewards
+from runtime.rl.checkpoint import CheckpointError, Checkpoints
 from vime import doctor
 
 # key of [logging] -> the module its logger imports (runtime/rl/metrics.py)
@@ -36,14 +41,32 @@ class PreflightError(RuntimeError):
     """The job cannot run: the message says which key and why, and is the job's outcome."""
 
 
-def prompt_data_problem(value: str, spec_dir: Path) -> str | None:
-    """None when the prompt file opens, else the message: the one the driver would give
-    (runtime/core/slices.py), after the key."""
+def prompt_data_problem(value: str, spec_dir: Path, input_key: str | None = None,
+                        label_key: str | None = None) -> str | None:
+    """None when the prompt file opens and every line is a JSON object with the input and
+    label keys, else the message: the driver's own (runtime/core/slices.py,
+    runtime/rl/data.py), after the key, naming the file and the line."""
     try:
-        with open(_path(value, spec_dir, must_exist=True), "rb"):
-            return None
+        path = _path(value, spec_dir, must_exist=True)
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    return f"data.prompt_data: {path}:{number}: not JSON: {err}"
+                if not isinstance(row, dict):
+                    return f"data.prompt_data: {path}:{number}: not a JSON object"
+                for key, name in ((input_key, "data.input_key"), (label_key, "data.label_key")):
+                    if key is not None and key not in row:
+                        return (f"data.prompt_data: {path}:{number}: no key {key!r} ({name}); "
+                                f"it has {sorted(row)}")
+        return None
     except FileNotFoundError as err:
         return f"data.prompt_data: {err}"
+    except UnicodeDecodeError as err:
+        return f"data.prompt_data: {value}: not UTF-8 text: {err}"
     except OSError as err:
         return f"data.prompt_data: {err.filename}: {err.strerror}"
 
@@ -69,12 +92,28 @@ def reward_problem(name: str, spec_dir: str | None = None) -> str | None:
     return None
 
 
+def save_dir_problem(save: str | None, spec_dir: Path, experiment_dir: Path) -> str | None:
+    """None when the checkpoint folder can be written and has room for the next save."""
+    folder = _path(save, spec_dir) if save else Path(experiment_dir) / "checkpoints"
+    checkpoints = Checkpoints(folder)
+    try:
+        checkpoints.check_writable()
+        checkpoints.check_space()
+    except CheckpointError as err:
+        return f"{'model.save' if save else 'experiment.output_dir'}: {err}"
+    return None
+
+
 def check_job(job_dir: Path) -> None:
     """Raises PreflightError with the first problem of the job folder's spec."""
     plan = json.loads((job_dir / "plan.json").read_text())
     spec = tomllib.loads((job_dir / "resolved.toml").read_text())
-    problem = (prompt_data_problem(spec["data"]["prompt_data"], _spec_dir(plan, job_dir))
-               or reward_problem(spec["rollout"]["reward"], spec_dir_of(job_dir)))
+    spec_dir = _spec_dir(plan, job_dir)
+    data = spec["data"]
+    problem = (prompt_data_problem(data["prompt_data"], spec_dir, data["input_key"],
+                                   data["label_key"])
+               or reward_problem(spec["rollout"]["reward"], spec_dir_of(job_dir))
+               or save_dir_problem(spec["model"].get("save"), spec_dir, job_dir.parent))
     if problem:
         raise PreflightError(problem)
 

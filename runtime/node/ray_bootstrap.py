@@ -151,18 +151,78 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def marked(value: str) -> set[int]:
-    """Processes whose environment has VIME_RAY_NODE=value: this node's Ray, wherever it went."""
+def _holds_files_under(pid: str, prefix: str) -> bool:
+    """Whether a process has a file open (its log, a socket file) under the folder prefix."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def marked(value: str, prefix: bool = False) -> set[int]:
+    """Processes of this node's Ray, wherever they went: those whose environment has
+    VIME_RAY_NODE=value, and those with a file open in the temp folder `value` (Ray's
+    dashboard and runtime-env agents are started without the raylet's environment and
+    renamed by setproctitle, so only their open logs say whose they are). prefix: every
+    value that starts with it (all nodes and attempts of a job)."""
     needle = f"{MARKER}={value}".encode()
     found = set()
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    found.add(int(entry))
-            except OSError:
-                continue
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            env = []
+        if any(v.startswith(needle) if prefix else v == needle for v in env) or \
+                _holds_files_under(entry, value if prefix else value.rstrip("/") + "/"):
+            found.add(int(entry))
     return found
+
+
+def abandoned_temp_dirs(min_age_s: float = 120.0) -> list[Path]:
+    """The /tmp/vime-<job>-<attempt>-<node> folders no live process refers to (by
+    VIME_RAY_NODE or an open file), untouched for min_age_s: left by a node killed with
+    SIGKILL, which had no chance to remove its own. A folder of a node that is starting is
+    younger than min_age_s, and its `ray start` refers to it as soon as it runs."""
+    root = temp_dir("x", 0, 0).parent
+    folders = {str(p): p for p in root.glob("vime-*-*-*") if p.is_dir()}
+    if not folders:
+        return []
+    used: set[str] = set()
+    marker = f"{MARKER}=".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            for value in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                if value.startswith(marker):
+                    used.add(value[len(marker):].decode(errors="replace"))
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{entry}/fd/{fd}")
+                    if target.startswith(str(root / "vime-")):
+                        used.add(str(root / Path(target).relative_to(root).parts[0]))
+    now = time.time()
+    left = []
+    for name, path in folders.items():
+        try:
+            young = now - path.stat().st_mtime < min_age_s
+        except OSError:
+            continue
+        if name not in used and not young:
+            left.append(path)
+    return sorted(left)
 
 
 def _alive(pid: int) -> bool:

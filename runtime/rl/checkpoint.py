@@ -16,14 +16,33 @@ vime_checkpoint.json records the architecture, backend and layout that wrote the
 plan` compares with the spec of the run that would resume (vime/run_checkpoint.py: V708, V709).
 The save folder is model.save, else <output_dir>/<experiment.name>/checkpoints (shared by
 every job of the experiment); resuming reads model.load, else the save folder.
+
+What a checkpoint guarantees (docs/runtime.md, "What survives a fault"):
+
+- state.json lists every file of the checkpoint with its size and sha256, read back from
+  disk after the backends wrote them; a save is checked against that list before it is
+  renamed into place, and a resume checks it again before loading (`verify`).
+- A save is two steps: `prepare` writes and checks `.partial-*`, `commit` renames it and
+  moves `latest`. The loop logs the rollout's metrics line between them, so a checkpoint
+  never covers a rollout whose line is missing.
+- A `.partial-*` folder carries its writer's pid and host in its name; only a writer on
+  this host that is gone has its folder removed, never a save in progress of another job.
+- Free space is checked before each save against the previous save's size; a full disk is
+  said as "No space left on device" with the folder; checkpoint.keep_last bounds how many
+  checkpoints stay.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
+import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.core.slices import JobConfig
@@ -33,6 +52,26 @@ from vime.resolve.model import arch_from_config
 STATE = run_checkpoint.STATE_FILE
 LATEST = run_checkpoint.LATEST_FILE
 FORMAT = 1
+PARTIAL = ".partial-"
+# free space asked for before a save, as a multiple of the previous save's size (a save is
+# written beside the previous checkpoint before that one can be removed by keep_last)
+SPACE_MARGIN = 1.1
+HASH_CHUNK = 8 << 20
+# free bytes under which a failed save is taken as a full disk
+LOW_SPACE_BYTES = 1 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read: the message names the folder and the fix."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A save written and checked, not yet visible: `commit` renames it into place."""
+
+    rollout_id: int
+    partial: Path
+    final: Path
 
 
 def record_of(config: JobConfig) -> dict:
@@ -62,10 +101,134 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def manifest(root: Path) -> dict[str, dict]:
+    """{path relative to root: {"bytes", "sha256"}} of every file under root, hashed in
+    parallel threads (hashlib releases the GIL on large reads)."""
+    paths = _files(root)
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(paths)))) as pool:
+        digests = list(pool.map(_sha256, paths))
+    return {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": d}
+            for p, d in zip(paths, digests, strict=True)}
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(path.stat().st_size for path in _files(root))
+
+
+def _partial_name(final_name: str) -> str:
+    """.partial-<checkpoint>-<random>-<pid>@<host>: who writes it, for the clean-up."""
+    return f"{PARTIAL}{final_name}-{uuid.uuid4().hex[:8]}-{os.getpid()}@{socket.gethostname()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def partial_is_stale(folder: Path) -> bool:
+    """Whether a .partial-* folder's writer is gone: a writer on this host whose pid is not
+    alive. A writer on another host, or a folder whose name gives none, is left alone."""
+    owner, at, host = folder.name.rpartition("@")
+    if not at or host != socket.gethostname():
+        return False
+    pid = owner.rpartition("-")[2]
+    return pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+
+
+def disk_full(err: BaseException, free_bytes: int | None) -> bool:
+    """Whether a failed write failed for lack of space: ENOSPC anywhere in the exception's
+    chain (a Ray actor's error carries the remote one as .cause), the OS's words in its text,
+    or almost no space left when it failed (torch's zip writer reports a short write as
+    "unexpected pos ..." without the errno)."""
+    seen, stack = set(), [err]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(current):
+            return True
+        stack += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return free_bytes is not None and free_bytes < LOW_SPACE_BYTES
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def no_space(folder: Path) -> CheckpointError:
+    return CheckpointError(
+        f"No space left on device while saving a checkpoint in {folder}: free space on that "
+        "file system, or set checkpoint.keep_last to keep fewer checkpoints, or point "
+        "model.save at a larger one; the previous checkpoint is intact")
+
+
+def verify(folder: Path, checksums: bool = True) -> str | None:
+    """None when a checkpoint's files match what its state.json lists (sizes, and sha256
+    with checksums), else what is wrong, naming the file. A checkpoint whose state.json lists
+    no files (written before the list existed) is only checked for a readable state.json."""
+    folder = Path(folder)
+    try:
+        state = json.loads((folder / STATE).read_text())
+    except FileNotFoundError:
+        return f"{folder / STATE} is missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"{folder / STATE} cannot be read: {type(err).__name__}: {err}"
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        return (f"{folder / STATE}: checkpoint format "
+                f"{state.get('format') if isinstance(state, dict) else None}, this vime reads "
+                f"{FORMAT}")
+    listed = state.get("files")
+    if listed is None:
+        return None
+    for name, want in sorted(listed.items()):
+        path = folder / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{path} is missing"
+        if size != want["bytes"]:
+            return f"{path} has {size} bytes, its checkpoint recorded {want['bytes']}"
+        if not checksums:
+            continue
+        try:
+            digest = _sha256(path)
+        except OSError as err:
+            return f"{path} cannot be read: {err.strerror or err}"
+        if digest != want["sha256"]:
+            return f"{path} does not match its recorded sha256 (the file changed after the save)"
+    return None
+
+
 class Checkpoints:
-    def __init__(self, save_dir: Path, load_dir: Path | None = None):
+    def __init__(self, save_dir: Path, load_dir: Path | None = None, keep_last: int = 0,
+                 log=lambda message: None):
         self.save_dir = Path(save_dir)
         self.load_dir = Path(load_dir) if load_dir else self.save_dir
+        self.keep_last = keep_last
+        self.log = log
 
     @staticmethod
     def name(rollout_id: int) -> str:
@@ -82,48 +245,198 @@ class Checkpoints:
         or names a folder that is gone (the choice `vime plan` reads too)."""
         return run_checkpoint.latest(self.load_dir)
 
+    def candidates(self) -> list[Path]:
+        """The checkpoints a resume may load, the first choice first: the one `latest`
+        names, then the older ones, newest first (when `latest` is missing or names a
+        folder that is gone: every one, newest first). Complete or not: a rollout_* folder
+        is only ever made by the rename of a complete save, so an incomplete one is damage
+        and is named, not skipped."""
+        try:
+            entries = list(self.load_dir.iterdir())
+        except OSError:
+            return []
+        found = sorted((p for p in entries if p.name.startswith("rollout_") and p.is_dir()),
+                       reverse=True)
+        try:
+            named = (self.load_dir / LATEST).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            named = ""
+        if named and (self.load_dir / named) in found:
+            return [p for p in found if p.name <= named]
+        return found
+
+    def resume_point(self, on_corrupt: str = "stop") -> Path | None:
+        """The newest checkpoint whose files match its record, or None when there is none.
+
+        Raises:
+            CheckpointError: the newest checkpoint is corrupt or incomplete and on_corrupt is
+                "stop" (the message names it, what is wrong and the previous one); with
+                "previous" it is named in the log and the next older one is tried.
+        """
+        found = self.candidates()
+        for index, folder in enumerate(found):
+            problem = verify(folder)
+            if problem is None:
+                return folder
+            older = found[index + 1] if index + 1 < len(found) else None
+            if on_corrupt != "previous":
+                then = (f"set checkpoint.on_corrupt = \"previous\" to resume from {older.name}"
+                        if older else "no older checkpoint is left")
+                raise CheckpointError(
+                    f"checkpoint {folder} is corrupt or incomplete: {problem}. Move it aside "
+                    f"to keep it for inspection, or {then}")
+            self.log(f"vime: checkpoint {folder} is corrupt or incomplete ({problem}); "
+                     "checkpoint.on_corrupt = \"previous\": trying "
+                     f"{older.name if older else 'none (starting fresh)'}")
+        return None
+
     @staticmethod
     def read_state(folder: Path) -> dict:
-        state = json.loads((folder / STATE).read_text())
-        if state.get("format") != FORMAT:
-            raise ValueError(f"{folder}: checkpoint format {state.get('format')}, this vime "
-                             f"reads {FORMAT}")
+        """Raises:
+            CheckpointError: state.json is missing, unreadable or of another format."""
+        path = folder / STATE
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is missing: the checkpoint is incomplete") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{path} cannot be read: {type(err).__name__}: {err}") \
+                from None
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(f"{folder}: checkpoint format "
+                                  f"{state.get('format') if isinstance(state, dict) else None}, "
+                                  f"this vime reads {FORMAT}")
         return state
 
     # ----------------------------------------------------------------------------- write
 
-    def save(self, rollout_id: int, train, state: dict, record: dict | None = None) -> Path:
-        """train.save(folder) writes the backends' part (every rank, into the same folder);
-        then state.json and the record (record_of), fsync, rename, `latest`."""
-        self.save_dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.save_dir.glob(".partial-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        final = self.save_dir / self.name(rollout_id)
-        partial = self.save_dir / f".partial-{final.name}-{uuid.uuid4().hex[:8]}"
-        partial.mkdir()
+    def check_writable(self) -> None:
+        """Raises CheckpointError when the save folder cannot be made or written (a
+        read-only model.save, a file in its place): said at the start, not at the first
+        save."""
         try:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.save_dir / f"{PARTIAL}probe-{uuid.uuid4().hex[:8]}-{os.getpid()}@" \
+                f"{socket.gethostname()}"
+            probe.mkdir()
+            probe.rmdir()
+        except OSError as err:
+            if err.errno == errno.ENOSPC:
+                raise no_space(self.save_dir) from None
+            raise CheckpointError(
+                f"cannot write checkpoints in {self.save_dir}: {err.strerror or err} "
+                f"({err.filename or self.save_dir}); make it a writable folder or point "
+                "model.save elsewhere") from None
+
+    def expected_bytes(self) -> int:
+        """The size of the newest checkpoint in the save folder (0 when there is none)."""
+        newest = next(iter(sorted(self.complete(self.save_dir), reverse=True)), None)
+        if newest is None:
+            return 0
+        try:
+            listed = json.loads((newest / STATE).read_text()).get("files")
+        except (OSError, ValueError):
+            listed = None
+        if isinstance(listed, dict):
+            return sum(int(f["bytes"]) for f in listed.values())
+        return _tree_bytes(newest)
+
+    def check_space(self, needed: int | None = None) -> None:
+        """Raises CheckpointError when the save folder's file system has less free space
+        than the next save needs (the previous save's size, SPACE_MARGIN more)."""
+        needed = self.expected_bytes() if needed is None else needed
+        if not needed:
+            return
+        try:
+            free = shutil.disk_usage(self.save_dir).free
+        except OSError:
+            return
+        if free < needed * SPACE_MARGIN:
+            raise CheckpointError(
+                f"not enough free space for the next checkpoint in {self.save_dir}: "
+                f"{free / 2**20:.1f} MiB free, the previous checkpoint took "
+                f"{needed / 2**20:.1f} MiB. Free space on that file system, set "
+                "checkpoint.keep_last to keep fewer checkpoints, or point model.save at a "
+                "larger one")
+
+    def _remove_stale_partials(self) -> None:
+        for stale in self.save_dir.glob(f"{PARTIAL}*"):
+            if partial_is_stale(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def prepare(self, rollout_id: int, train, state: dict, record: dict | None = None) -> Pending:
+        """train.save(folder) writes the backends' part (every rank, into the same folder);
+        then the file list with checksums, state.json and the record (record_of), fsync, and
+        the list checked against the disk. Nothing is visible until `commit`.
+
+        Raises:
+            CheckpointError: no space (said so), or the files written do not match.
+        """
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_partials()
+        self.check_space()
+        final = self.save_dir / self.name(rollout_id)
+        partial = self.save_dir / _partial_name(final.name)
+        try:
+            partial.mkdir()
             train.save(partial / "train")
+            files = manifest(partial)
             (partial / STATE).write_text(json.dumps(
-                {"format": FORMAT, "rollout": rollout_id, **state}, indent=1) + "\n")
+                {"format": FORMAT, "rollout": rollout_id, **state, "files": files},
+                indent=1) + "\n")
             if record is not None:
                 (partial / run_checkpoint.RECORD_FILE).write_text(
                     json.dumps(record, indent=1) + "\n")
             _fsync_tree(partial)
-            if final.exists():  # the same rollout saved again (a resumed run): replace it
-                old = self.save_dir / f".partial-old-{final.name}-{uuid.uuid4().hex[:8]}"
-                os.rename(final, old)
-                os.rename(partial, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(partial, final)
-            _fsync_dir(self.save_dir)
-        except BaseException:
+            problem = verify(partial, checksums=False)  # the sums were read from the disk
+            if problem:
+                raise CheckpointError(f"the checkpoint of rollout {rollout_id} did not read "
+                                      f"back as written: {problem}")
+        except BaseException as err:
+            full = isinstance(err, Exception) and disk_full(err, _free_bytes(self.save_dir))
             shutil.rmtree(partial, ignore_errors=True)
+            if full:
+                raise no_space(self.save_dir) from err
             raise
+        return Pending(rollout_id, partial, final)
+
+    def commit(self, pending: Pending) -> Path:
+        """The prepared save renamed into place, then `latest` moved to it; then
+        checkpoint.keep_last applied."""
+        final, partial = pending.final, pending.partial
+        if final.exists():  # the same rollout saved again (a resumed run): replace it
+            old = self.save_dir / _partial_name(f"old-{final.name}")
+            os.rename(final, old)
+            os.rename(partial, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(partial, final)
+        _fsync_dir(self.save_dir)
         pointer = self.save_dir / f".{LATEST}.{uuid.uuid4().hex[:8]}"
         pointer.write_text(final.name + "\n")
         with open(pointer, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(pointer, self.save_dir / LATEST)
         _fsync_dir(self.save_dir)
+        self._apply_keep_last(final)
         return final
+
+    def discard(self, pending: Pending) -> None:
+        shutil.rmtree(pending.partial, ignore_errors=True)
+
+    def save(self, rollout_id: int, train, state: dict, record: dict | None = None) -> Path:
+        """prepare, then commit."""
+        return self.commit(self.prepare(rollout_id, train, state, record))
+
+    def _apply_keep_last(self, newest: Path) -> None:
+        if self.keep_last < 1:
+            return
+        kept = self.complete(self.save_dir)
+        for old in kept[:-self.keep_last]:
+            if old != newest:
+                gone = self.save_dir / _partial_name(f"old-{old.name}")
+                try:
+                    os.rename(old, gone)  # invisible first: a reader never meets half of it
+                except OSError:
+                    continue
+                shutil.rmtree(gone, ignore_errors=True)

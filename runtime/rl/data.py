@@ -46,6 +46,8 @@ def read_prompts(config: DataConfig, tokenizer) -> tuple[list[Prompt], int]:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{config.prompt_data}:{number + 1}: not JSON: {err}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{config.prompt_data}:{number + 1}: not a JSON object")
             for key in (config.input_key, config.label_key):
                 if key not in row:
                     raise ValueError(f"{config.prompt_data}:{number + 1}: no key {key!r} "

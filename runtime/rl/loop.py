@@ -32,7 +32,7 @@ import torch
 from runtime.core import algorithm
 from runtime.core.interfaces import GenerationRequest, SamplingParams, TrainBatch
 from runtime.core.slices import JobConfig
-from runtime.rl import rewards
+from runtime.rl import guards, rewards
 from runtime.rl.checkpoint import Checkpoints, record_of
 from runtime.rl.data import PromptSampler
 from runtime.rl.metrics import MetricsLogger
@@ -84,12 +84,19 @@ class GRPOLoop:
             return_routed_experts=bool(config.train["routing_replay"]))
         self.version = 0
         self.next_rollout = 0
+        self.score = rewards.RewardCaller(reward_fn, config.reward_timeout_s, log)
+        self.pending_save = None  # prepared in one_rollout, committed after its metrics line
 
     # --------------------------------------------------------------------------- resume
 
     def restore(self) -> bool:
-        """Load the newest checkpoint of checkpoint's load folder, if any."""
-        found = self.checkpoints.latest()
+        """Load the newest checkpoint of checkpoint's load folder whose files match their
+        checksums, if any.
+
+        Raises:
+            CheckpointError: the newest is corrupt and checkpoint.on_corrupt is "stop".
+        """
+        found = self.checkpoints.resume_point(self.config.on_corrupt)
         if found is None:
             return False
         state = self.checkpoints.read_state(found)
@@ -119,7 +126,20 @@ class GRPOLoop:
                  f"{config.num_rollout - 1}")
         for rollout_id in range(self.next_rollout, config.num_rollout):
             self.metrics.log(rollout_id, self.one_rollout(rollout_id))
+            self.commit_checkpoint()
         self.metrics.close()
+
+    def commit_checkpoint(self) -> None:
+        """The rollout's checkpoint made visible, after its metrics line is written: a stop
+        between the two repeats the rollout on resume instead of losing its line."""
+        if self.pending_save is not None:
+            pending, self.pending_save = self.pending_save, None
+            self.checkpoints.commit(pending)
+
+    def describe_sample(self, rollout_id: int, prompts, index: int) -> rewards.Sample:
+        prompt = prompts[index // self.config.samples_per_prompt]
+        return rewards.Sample(rollout_id, index, prompt.index + 1,
+                              str(self.config.data.prompt_data))
 
     def one_rollout(self, rollout_id: int) -> dict[str, float]:
         config, timer = self.config, Timer()
@@ -141,8 +161,8 @@ class GRPOLoop:
             for index, generation in enumerate(generations):
                 prompt = prompts[index // n]
                 text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-                value, extra = rewards.score(self.reward_fn(prompt=prompt.text, response=text,
-                                                            label=prompt.label))
+                value, extra = self.score(self.describe_sample(rollout_id, prompts, index),
+                                          prompt=prompt.text, response=text, label=prompt.label)
                 scores.append(value)
                 for key, number in extra.items():
                     extras.setdefault(key, []).append(number)
@@ -160,6 +180,9 @@ class GRPOLoop:
             batch.old_log_probs = self.train.log_probs(batch, "actor")
             if config.needs_ref:
                 batch.ref_log_probs = self.train.log_probs(batch, "ref")
+        guards.check_batch(rollout_id, batch.advantages,
+                           {"actor": batch.old_log_probs, "reference": batch.ref_log_probs},
+                           lambda i: self.describe_sample(rollout_id, prompts, i).describe())
         numbers.update(logprob_gap(batch.old_log_probs, batch.rollout_log_probs))
         if numbers["rollout/logprob_abs_diff"] > MAX_LOGPROB_GAP:
             self.log(f"vime: rollout {rollout_id}: the engine's log-probs differ from the "
@@ -175,11 +198,12 @@ class GRPOLoop:
                 step_batch.step_response_tokens = sum(step_batch.response_lens())
                 step_stats.append(self.train.train_step(step_batch))
         trained_tokens = sum(len(t) for t in batch.tokens[:config.steps_per_rollout * size])
+        guards.check_train(rollout_id, step_stats)
 
         due = (rollout_id + 1) % config.save_interval == 0 or rollout_id + 1 == config.num_rollout
         if due:
             with timer.phase("save"):
-                self.checkpoints.save(rollout_id, self.train, {
+                self.pending_save = self.checkpoints.prepare(rollout_id, self.train, {
                     "next_rollout": rollout_id + 1, "weight_version": self.version + 1,
                     "data": self.sampler.state_dict()}, record=record_of(config))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class MetricsLogger:
         record = {"rollout": rollout_id, **{k: _plain(v) for k, v in numbers.items()}}
         with open(self.path, "a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the checkpoint that covers it
         parts = [fmt.format(numbers[key]) for key, fmt in CONSOLE if key in numbers]
         self.print(f"rollout {rollout_id:5d} | " + " | ".join(parts))
         if self.tensorboard is not None:

@@ -22,6 +22,12 @@ Built-in names:
     math         either format: the last \\boxed{} if any, else the last "Answer:" line;
                  1.0 or 0.0.
 
+A reward's result is checked: a score that is not a finite number (a string such as "0.5",
+None, NaN, inf) stops the rollout before anything is trained or saved, naming the reward
+function and the sample; so does an exception raised by the reward, or a call that takes
+longer than rollout.reward_timeout_s (a call slower than a tenth of it is reported once per
+rollout). `RewardCaller` does all this; the loop calls it once per sample.
+
 Numbers are compared by value when both sides parse as numbers (integers, decimals,
 fractions such as \\frac{1}{2}, 1/2, thousands separators, percent signs); everything else
 after normalisation as strings.
@@ -32,8 +38,12 @@ from __future__ import annotations
 import importlib
 import math
 import re
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 
 RewardFn = Callable[..., "float | dict"]
@@ -229,12 +239,166 @@ def load(name: str, spec_dir: str | None = None) -> RewardFn:
         raise ValueError(f"rollout.reward = {name!r}: {module_name} has no {function}") from None
 
 
+def _number(value) -> float | None:
+    """value as a float when it is a real number (bool, int, float, a numpy or torch scalar),
+    else None; a string is not a number here, whatever it spells."""
+    if isinstance(value, str | bytes) or value is None:
+        return None
+    if isinstance(value, bool | int | float | Fraction):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item) and getattr(value, "shape", None) in ((), None):
+        try:
+            return _number(item())
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
 def score(result) -> tuple[float, dict[str, float]]:
-    """(score, extra numeric metrics) from what a reward returned."""
+    """(score, extra numeric metrics) from what a reward returned.
+
+    Raises:
+        RewardError: the score (a float, or a dict's "score") is not a number.
+    """
     if isinstance(result, dict):
         if "score" not in result:
-            raise ValueError(f"a reward returned a dict without 'score': {sorted(result)}")
-        extra = {k: float(v) for k, v in result.items()
-                 if k != "score" and isinstance(v, int | float | bool)}
-        return float(result["score"]), extra
-    return float(result), {}
+            raise RewardError(f"returned a dict without 'score': {sorted(result)}")
+        extra = {k: number for k, v in result.items()
+                 if k != "score" and (number := _number(v)) is not None}
+        value = _number(result["score"])
+        if value is None:
+            raise RewardError(f"returned {{'score': {result['score']!r}}}, "
+                              f"a {type(result['score']).__name__}, not a number")
+        return value, extra
+    value = _number(result)
+    if value is None:
+        raise RewardError(f"returned {result!r}, a {type(result).__name__}, not a number "
+                          "(return a float, or a dict with a float 'score')")
+    return value, {}
+
+
+class RewardError(RuntimeError):
+    """A reward call failed or returned what GRPO cannot use; the message names the reward
+    function and the sample."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Which sample a reward scored, in the words of the messages."""
+
+    rollout: int
+    index: int  # in the rollout
+    prompt_line: int  # 1-based line of data.prompt_data
+    prompt_file: str
+
+    def describe(self) -> str:
+        return (f"rollout {self.rollout}, sample {self.index} (prompt at "
+                f"{self.prompt_file}:{self.prompt_line})")
+
+
+def function_name(reward_fn: RewardFn) -> str:
+    module = getattr(reward_fn, "__module__", None)
+    name = getattr(reward_fn, "__qualname__", None) or type(reward_fn).__name__
+    return f"{module}:{name}" if module else name
+
+
+class _RewardTimeout(BaseException):
+    """Raised in the main thread by the watch when a reward call passes its limit."""
+
+
+class RewardCaller:
+    """Calls a reward with a time limit per call. The reward runs in the calling thread (many
+    verifiers time their own parsing with signal.alarm, which works only in the main
+    thread: math-verify does); a watch thread interrupts the main thread when a call passes
+    its limit (SIGUSR1 sent to that thread, whose handler is set only for the duration of a
+    call). Off the main thread there is no interruption, only the report of a
+    slow call."""
+
+    SIGNAL = signal.SIGUSR1
+
+    def __init__(self, reward_fn: RewardFn, timeout_s: float | None = None,
+                 log: Callable[[str], None] = print):
+        self.reward_fn, self.timeout_s, self.log = reward_fn, timeout_s, log
+        self.name = function_name(reward_fn)
+        self._warned_rollout: int | None = None
+        self._lock = threading.Condition()
+        self._deadline: float | None = None  # of the call in progress
+        self._expired = False
+        self._watch: threading.Thread | None = None
+
+    def _watch_calls(self) -> None:
+        with self._lock:
+            while True:
+                if self._deadline is None:
+                    self._lock.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._lock.wait(left)
+                    continue
+                self._deadline, self._expired = None, True
+                # to the main thread itself: a blocking call there (a sleep, a read) returns
+                # with EINTR and the handler runs
+                signal.pthread_kill(threading.main_thread().ident, self.SIGNAL)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._expired:
+            raise _RewardTimeout
+
+    def _call(self, kwargs: dict):
+        main = threading.current_thread() is threading.main_thread()
+        if not (main and self.timeout_s):
+            return self.reward_fn(**kwargs)
+        if self._watch is None:
+            self._watch = threading.Thread(target=self._watch_calls, daemon=True,
+                                           name="vime reward watch")
+            self._watch.start()
+        previous = signal.signal(self.SIGNAL, self._on_signal)
+        try:
+            with self._lock:
+                self._expired = False
+                self._deadline = time.monotonic() + self.timeout_s
+                self._lock.notify()
+            try:
+                return self.reward_fn(**kwargs)
+            finally:
+                with self._lock:
+                    self._deadline = None
+        finally:
+            signal.signal(self.SIGNAL, previous)
+
+    def __call__(self, sample: Sample, **kwargs) -> tuple[float, dict[str, float]]:
+        """(score, extras) of one sample.
+
+        Raises:
+            RewardError: the reward raised, timed out, or returned no finite number.
+        """
+        started = time.monotonic()
+        try:
+            ok, result = True, self._call(kwargs)
+        except _RewardTimeout:
+            raise RewardError(
+                f"reward {self.name} did not return within rollout.reward_timeout_s = "
+                f"{self.timeout_s:g} s on {sample.describe()}; make it faster or raise "
+                "rollout.reward_timeout_s") from None
+        except Exception as err:
+            ok, result = False, err
+        seconds = time.monotonic() - started
+        if (self.timeout_s and seconds > self.timeout_s / 10
+                and self._warned_rollout != sample.rollout):
+            self._warned_rollout = sample.rollout
+            self.log(f"vime: reward {self.name} took {seconds:.1f} s on {sample.describe()} "
+                     f"(rollout.reward_timeout_s = {self.timeout_s:g} s)")
+        if not ok:
+            raise RewardError(f"reward {self.name} raised {type(result).__name__}: {result} on "
+                              f"{sample.describe()}") from result
+        try:
+            value, extra = score(result)
+        except RewardError as err:
+            raise RewardError(f"reward {self.name} {err} on {sample.describe()}") from None
+        if not math.isfinite(value):
+            raise RewardError(f"reward {self.name} returned {value} on {sample.describe()}: "
+                              "a score must be finite; nothing of this rollout was trained "
+                              "or saved")
+        return value, extra

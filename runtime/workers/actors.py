@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from runtime import backends
 from runtime.core import hosts
@@ -338,6 +338,11 @@ class TrainGroup:
         return self._route[1]
 
     def push_weights(self, rollout: RolloutGroup, version: int, bucket_bytes: int) -> int:
+        """Weights `version` to every engine of rollout; an engine that dies in the push is
+        the rollout group's to handle (RolloutGroup.receive_weights). Returns bytes sent."""
+        return rollout.receive_weights(lambda: self._push(rollout, version, bucket_bytes))
+
+    def _push(self, rollout: RolloutGroup, version: int, bucket_bytes: int) -> int:
         route = self.sync_route(rollout)
         if route.transfer:
             sent = sum(_call_all(self.workers, "send_weights", rollout.workers, version,
@@ -401,6 +406,11 @@ class RolloutGroup:
 
     def where(self) -> list[dict]:
         return _call_all(self.workers, "where")
+
+    def receive_weights(self, push: Callable[[], int]) -> int:
+        """push() sends the weights to these engines; a group that restarts engines
+        (runtime/workers/supervisor.py) retries it after replacing one that died."""
+        return push()
 
     def stop(self) -> None:
         _call_all(self.workers, "stop")

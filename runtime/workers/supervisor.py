@@ -10,6 +10,11 @@ dying. An engine is unhealthy when
 - a generation has not returned after `generate_timeout_s` (a hang during the call: a
   busy Ray actor cannot answer a ping, so the deadline is the check).
 
+A weight push that fails (the training ranks call the engines: the error comes back as the
+training rank's) is followed by a health check: the engines found dead are replaced as
+above and the push is made again to all of them; a failure with every engine healthy is the
+push's own and is raised as it is.
+
 Such an engine is killed and replaced: a fresh actor on the same placement-group bundle,
 started with the same EngineSlice (`make_engine`), then given the weights of the current
 version by the actor (`restore_weights`, set by the driver: `TrainGroup.push_weights` to
@@ -57,7 +62,7 @@ class SupervisedRollout(RolloutGroup):
 
     # ----------------------------------------------------------------------------- health
 
-    def check_health(self) -> list[int]:
+    def check_health(self, during: str = "") -> list[int]:
         """Ping every engine; replace those that are dead or do not answer in time.
         Returns the indices replaced."""
         import ray
@@ -68,12 +73,27 @@ class SupervisedRollout(RolloutGroup):
             try:
                 ray.get(ref, timeout=self.health_timeout_s)
             except ray.exceptions.GetTimeoutError:
-                self.replace(index, f"no answer to a health check in {self.health_timeout_s:g} s")
+                self.replace(index, f"no answer to a health check in "
+                                    f"{self.health_timeout_s:g} s{during}")
                 replaced.append(index)
             except ray.exceptions.RayActorError as err:
-                self.replace(index, _died(err))
+                self.replace(index, _died(err) + during)
                 replaced.append(index)
         return replaced
+
+    def receive_weights(self, push: Callable[[], int]) -> int:
+        """push() made again after the engines that died in it are replaced (each given the
+        current weights by restore_weights), up to max_restarts per engine.
+
+        Raises:
+            EngineFailed: an engine died more often than max_restarts allows.
+        """
+        while True:
+            try:
+                return push()
+            except Exception:
+                if not self.check_health(" during the weight push"):
+                    raise  # every engine is alive: the push's own failure
 
     def replace(self, index: int, why: str) -> None:
         """Kill engine `index` and start its successor with the current weights, or fail."""

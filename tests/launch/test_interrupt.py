@@ -173,3 +173,32 @@ def test_a_detached_run_goes_on_after_submit_returns_and_is_cancelled_by_id(tmp_
     log = folder / "logs" / "launcher.log"  # the detached launcher's own ending
     wait_until(lambda: "cancelled (vime cancel)" in log.read_text(), STOPPED_WITHIN_S,
                "the launcher's ending in its log")
+
+
+def _ray_process(folder: Path, name: bytes) -> int:
+    for pid in marked_processes(f"VIME_RAY_NODE=/tmp/vime-{folder.name}-0-0".encode()):
+        try:
+            if name in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no {name.decode()} process of job {folder.name}")
+
+
+# Ray's client retries a lost GCS for 60 s (gcs_rpc_server_reconnect_timeout_s) before the
+# driver fails; the watch on the head ends the job well within that
+GCS_LOST_STOPPED_WITHIN_S = 45
+
+
+def test_rays_gcs_killed_under_the_driver_fails_the_job_with_the_reason(tmp_path):
+    launcher, out = _start(tmp_path)
+    folder = _job(tmp_path)
+    for name in (b"gcs_server", b"raylet"):
+        os.kill(_ray_process(folder, name), signal.SIGKILL)
+    assert launcher.wait(timeout=GCS_LOST_STOPPED_WITHIN_S) == 4, out.read_text()
+    outcome = json.loads((folder / "outcome.json").read_text())
+    assert outcome["state"] == "failed", outcome
+    assert "the job's Ray stopped under the driver: `ray start --head` exited" in outcome["error"]
+    assert "GCS at " in outcome["error"]
+    wait_until(lambda: _gone(folder) and _no_temp(folder), STOPPED_WITHIN_S,
+               "the job's processes and temp folder gone")

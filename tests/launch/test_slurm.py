@@ -102,8 +102,10 @@ def test_a_node_that_cannot_join_fails_the_job_within_the_timeout(tmp_path):
 
 
 def test_two_jobs_on_the_same_nodes_at_once_both_finish(tmp_path):
-    sets = spec_sets(tmp_path, nodes=2, gpus_per_node=2)
-    ids = [submitted_id(vime("submit", str(SMOKE), *sets, env=CHECK)) for _ in range(2)]
+    # two experiments: one experiment runs one job at a time (vime/launch/lock.py)
+    ids = [submitted_id(vime("submit", str(SMOKE), *spec_sets(
+        tmp_path, nodes=2, gpus_per_node=2, **{"experiment.name": f'"smoke-{n}"'}), env=CHECK))
+        for n in range(2)]
     wait_until(lambda: all(job_state(i) == "RUNNING" for i in ids), 60, "both jobs running")
     assert [wait_finished(i) for i in ids] == ["COMPLETED", "COMPLETED"]
     addresses = set()

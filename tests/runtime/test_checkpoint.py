@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import torch
 from runtimekit import ROOT, job_config
 
 from runtime.backends.torch_train import TorchTrainingBackend
-from runtime.rl.checkpoint import Checkpoints
+from runtime.rl.checkpoint import CheckpointError, Checkpoints
 
 
 class FakeTrain:
@@ -35,7 +36,10 @@ def test_latest_is_the_newest_complete_checkpoint(tmp_path):
     newest = checkpoints.save(9, FakeTrain("b"), {"next_rollout": 10})
     assert checkpoints.latest() == newest
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "rollout_000009"
-    assert Checkpoints.read_state(newest) == {"format": 1, "rollout": 9, "next_rollout": 10}
+    state = Checkpoints.read_state(newest)
+    assert {k: state[k] for k in ("format", "rollout", "next_rollout")} == {
+        "format": 1, "rollout": 9, "next_rollout": 10}
+    assert list(state["files"]) == ["train/weights.txt"]
     # `latest` naming a folder that is gone: the newest complete one is used
     (tmp_path / "ckpt" / "latest").write_text("rollout_000012\n")
     assert checkpoints.latest() == newest
@@ -67,7 +71,7 @@ sys.path.insert(0, {tests!r})
 from pathlib import Path
 from runtimekit import job_config
 from runtime.backends.torch_train import TorchTrainingBackend
-from runtime.rl.checkpoint import Checkpoints
+from runtime.rl.checkpoint import CheckpointError, Checkpoints
 
 tmp = Path({tmp!r})
 _, _, config = job_config(tmp)
@@ -123,3 +127,39 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     # the next save clears the debris
     checkpoints.save(1, FakeTrain("b"), {})
     assert not [p for p in folder.iterdir() if p.name.startswith(".partial-")]
+
+
+def test_a_save_removes_only_the_partial_folders_whose_writer_is_gone(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    try:
+        live = folder / f".partial-rollout_000051-abcd1234-{writer.pid}@{host}"
+        gone = folder / f".partial-rollout_000050-abcd1234-{dead.pid}@{host}"
+        elsewhere = folder / ".partial-rollout_000049-abcd1234-1@another-host"
+        for partial in (live, gone, elsewhere):
+            (partial / "train").mkdir(parents=True)
+        Checkpoints(folder).save(52, FakeTrain("a"), {})
+        left = sorted(p.name for p in folder.iterdir() if p.name.startswith(".partial-"))
+        assert left == sorted([live.name, elsewhere.name])  # another job's save in progress
+        assert (live / "train").is_dir()
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_resume_starts_from_the_checkpoint_latest_names(tmp_path):
+    checkpoints = Checkpoints(tmp_path / "ckpt")
+    for rollout in (4, 9, 14):
+        checkpoints.save(rollout, FakeTrain(str(rollout)), {"next_rollout": rollout + 1})
+    assert checkpoints.resume_point().name == "rollout_000014"
+    (tmp_path / "ckpt" / "latest").write_text("rollout_000009\n")  # rolled back by hand
+    assert checkpoints.resume_point().name == "rollout_000009"
+    (tmp_path / "ckpt" / "rollout_000009" / "train" / "weights.txt").write_text("x")
+    with pytest.raises(CheckpointError, match="rollout_000009/train/weights.txt has 1 bytes|"
+                                              "does not match its recorded sha256"):
+        checkpoints.resume_point()
+    assert checkpoints.resume_point("previous").name == "rollout_000004"

@@ -65,8 +65,12 @@ def test_load_builtin_and_custom_rewards():
 def test_score_takes_floats_and_dicts():
     assert rewards.score(0.5) == (0.5, {})
     assert rewards.score({"score": -1.0, "acc": False, "pred": "7"}) == (-1.0, {"acc": 0.0})
-    with pytest.raises(ValueError, match="without 'score'"):
+    with pytest.raises(rewards.RewardError, match="without 'score'"):
         rewards.score({"acc": 1.0})
+    with pytest.raises(rewards.RewardError, match="returned '0.5', a str, not a number"):
+        rewards.score("0.5")
+    with pytest.raises(rewards.RewardError, match="a NoneType, not a number"):
+        rewards.score({"score": None})
 
 
 @pytest.mark.parametrize("response, score, acc", [

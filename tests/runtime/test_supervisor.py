@@ -113,3 +113,58 @@ def test_a_hung_engine_is_found_by_the_ping_deadline(groups):
     assert "no answer to a health check in 1 s" in lines[-1]
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(generating)  # the hung engine was killed
+
+
+def _dead(engine) -> None:
+    """Waits until a call to the killed engine fails (ray.kill only sends the kill)."""
+    import ray
+
+    for _ in range(600):
+        try:
+            ray.get(engine.ping.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed engine still answers")
+
+
+def test_an_engine_dead_at_the_weight_push_is_replaced_and_the_push_made_again(groups):
+    import ray
+
+    config, group, train, rollout = groups
+    lines: list[str] = []
+    engines = _supervised(config, group, train, rollout, lines, max_restarts=1)
+    ray.kill(engines.workers[0], no_restart=True)
+    _dead(engines.workers[0])
+    train.push_weights(engines, 2, 1 << 20)
+    assert engines.restarts == [1, 0]
+    assert ray.get([w.weight_version.remote() for w in engines.workers]) == [2, 2]
+    assert any("rollout engine 0 on node 0: its actor died" in line
+               and "during the weight push; restart 1 of 1" in line for line in lines), lines
+
+    ray.kill(engines.workers[0], no_restart=True)
+    _dead(engines.workers[0])
+    with pytest.raises(supervisor.EngineFailed) as failure:  # names the engine, not a rank
+        train.push_weights(engines, 3, 1 << 20)
+    assert str(failure.value).startswith("rollout engine 0 on node 0: its actor died (")
+    assert "during the weight push" in str(failure.value)
+
+
+def test_a_dead_training_actor_is_named_in_the_jobs_error(groups, tmp_path):
+    import json
+
+    import ray
+
+    from runtime.node.errors import one_line
+
+    config, group, train, rollout = groups
+    where = {"train": train.where(), "rollout": rollout.where()}
+    (config.job_dir / "placement.json").write_text(json.dumps(where))
+    ray.kill(train.workers[1], no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError) as failure:
+        for _ in range(600):  # ray.kill only sends the kill
+            train.where()
+            time.sleep(0.05)
+    line = one_line(failure.value, config.job_dir, tmp_path / "node-0.log")
+    host, pid = where["train"][1]["host"], where["train"][1]["pid"]
+    assert line.startswith(f"TrainWorker (training rank 1 on {host}, pid {pid}) died: "), line

@@ -86,20 +86,12 @@ def alive(pid: int) -> bool:
 
 def job_processes(job_id: str) -> set[int]:
     """Every live process of this job's Ray, on any of its nodes and attempts: they carry
-    VIME_RAY_NODE=/tmp/vime-<job id>-<attempt>-<node> (runtime/node/ray_bootstrap.py)."""
-    from runtime.node.ray_bootstrap import MARKER, temp_dir
+    VIME_RAY_NODE=/tmp/vime-<job id>-<attempt>-<node>, or hold a file open in that folder
+    (runtime/node/ray_bootstrap.py, marked)."""
+    from runtime.node.ray_bootstrap import marked, temp_dir
 
-    prefix = f"{MARKER}={temp_dir(job_id, 0, 0).parent / f'vime-{job_id}-'}".encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(v.startswith(prefix) for v in env) and alive(int(entry)):
-                found.add(int(entry))
-    return found
+    prefix = str(temp_dir(job_id, 0, 0).parent / f"vime-{job_id}-")
+    return {pid for pid in marked(prefix, prefix=True) if alive(pid)}
 
 
 def temp_dirs(job_id: str) -> list[Path]:
@@ -216,6 +208,10 @@ def _finish(job_dir: Path, codes: list[int], stopped_by: int | None) -> int:
 
 def run_local(job_dir: Path, nodes: int, gpus_per_node: int, env: dict[str, str],
               on_poll=lambda: None) -> int:
+    from runtime.node.ray_bootstrap import abandoned_temp_dirs
+
+    for folder in abandoned_temp_dirs():  # of jobs killed outright before this one
+        shutil.rmtree(folder, ignore_errors=True)
     processes = []
     for node in range(nodes):
         node_env = dict(os.environ, **env)

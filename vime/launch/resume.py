@@ -19,8 +19,13 @@ class StartPoint:
     load_dir: Path
     checkpoint: Path | None  # None: a fresh start
     next_rollout: int  # 0 on a fresh start
+    problem: str | None = None  # what is wrong with checkpoint, which the job will not load
 
     def describe(self, num_rollout: int) -> str:
+        if self.problem:
+            return (f"checkpoint {self.checkpoint} is corrupt or incomplete: {self.problem}. "
+                    "Move it aside to keep it for inspection, or set checkpoint.on_corrupt = "
+                    "\"previous\" to resume from the one before it")
         if self.checkpoint is None:
             return f"starting fresh (no checkpoint in {self.load_dir})"
         return (f"resuming from rollout {self.next_rollout} of {num_rollout} "
@@ -41,21 +46,24 @@ def job_load_dir(job_dir: Path) -> Path:
 
 
 def start_point(spec, experiment_dir: Path) -> StartPoint:
-    return start_point_in(load_dir(spec, experiment_dir))
+    return start_point_in(load_dir(spec, experiment_dir), spec.checkpoint.on_corrupt)
 
 
-def start_point_in(folder: Path) -> StartPoint:
-    from runtime.rl.checkpoint import Checkpoints
+def start_point_in(folder: Path, on_corrupt: str = "stop") -> StartPoint:
+    """The checkpoint the job will resume from, judged by its files' presence and sizes
+    (the job checks their checksums too: runtime/rl/checkpoint.py, resume_point); with
+    on_corrupt "stop", an incomplete newest one is returned with its problem."""
+    from runtime.rl.checkpoint import Checkpoints, verify
 
     checkpoints = Checkpoints(folder)
-    found = checkpoints.latest()
-    if found is None:
-        return StartPoint(folder, None, 0)
-    try:
-        state = checkpoints.read_state(found)
-    except (OSError, ValueError):
-        return StartPoint(folder, found, 0)  # the job says what is wrong with it
-    return StartPoint(folder, found, int(state.get("next_rollout", 0)))
+    for found in checkpoints.candidates():
+        problem = verify(found, checksums=False)
+        if problem is None:
+            state = checkpoints.read_state(found)
+            return StartPoint(folder, found, int(state.get("next_rollout", 0)))
+        if on_corrupt != "previous":
+            return StartPoint(folder, found, 0, problem)
+    return StartPoint(folder, None, 0)
 
 
 def fresh_name(output_dir: str, name: str) -> str:

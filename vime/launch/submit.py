@@ -7,8 +7,10 @@ submitted held and released once its folder is complete."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from vime import __version__
 from vime.emit import build
-from vime.launch import jobdir, paths, ports, resume, slurm
+from vime.launch import jobdir, lock, paths, ports, resume, slurm
 from vime.launch.jobdir import JobFolder
 
 DEFAULT_DRIVER = "runtime.node.driver:run"
@@ -104,15 +106,53 @@ def dry_run_text(prepared: Prepared) -> str:
             + f"\ndriver: {launch['driver']}\n(dry run: nothing was submitted)\n")
 
 
+def environment_error(err: OSError, what: str, key: str) -> SubmitError:
+    """An OS error on a path the user chose, said as such: the path, the reason, the key."""
+    reason = "No space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+    return SubmitError(f"cannot write {what} {err.filename or ''}: {reason}. This is the "
+                       f"machine's file system, not the spec: make {key} a writable folder "
+                       "with free space, or point it elsewhere")
+
+
 def write_folder(prepared: Prepared, job_id: str) -> JobFolder:
+    """Raises:
+        SubmitError: the folder cannot be written (read-only, a file in the way, a full
+            disk); a half-written job folder is removed."""
     folder = JobFolder(prepared.experiment_dir / job_id)
-    folder.path.mkdir(parents=True, exist_ok=True)
+    existed = folder.path.exists()
     info = dict(prepared.info, job_id=job_id,
                 submitted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    folder.write({**prepared.files,
-                  "launch.json": jobdir.dumps(dict(prepared.launch, job_id=job_id)),
-                  "job.json": jobdir.dumps(info)})
+    try:
+        folder.path.mkdir(parents=True, exist_ok=True)
+        folder.write({**prepared.files,
+                      "launch.json": jobdir.dumps(dict(prepared.launch, job_id=job_id)),
+                      "job.json": jobdir.dumps(info)})
+    except OSError as err:
+        if not existed:
+            shutil.rmtree(folder.path, ignore_errors=True)
+        raise environment_error(err, "the job folder", "experiment.output_dir") from None
     return folder
+
+
+def check_lock(prepared: Prepared) -> None:
+    """Raises SubmitError naming the job that holds the experiment (vime/launch/lock.py)."""
+    try:
+        lock.check(prepared.experiment_dir)
+    except lock.ExperimentLocked as err:
+        raise SubmitError(str(err)) from None
+
+
+def _acquire(prepared: Prepared, job_id: str, launcher: str, pid: int | None) -> None:
+    try:
+        replaced = lock.acquire(prepared.experiment_dir, lock.holder_now(job_id, launcher, pid))
+    except lock.ExperimentLocked as err:
+        raise SubmitError(str(err)) from None
+    except OSError as err:
+        raise environment_error(err, "the experiment's lock in", "experiment.output_dir") \
+            from None
+    if replaced is not None:
+        print(f"vime: {replaced.describe()} is gone; its lock on the experiment is taken over",
+              file=sys.stderr, flush=True)
 
 
 def submit_slurm(prepared: Prepared) -> JobFolder:
@@ -122,6 +162,7 @@ def submit_slurm(prepared: Prepared) -> JobFolder:
         raise SubmitError("sbatch/srun not found: this machine is not a Slurm submit host "
                           "(use --local to run here, or --ray-address for a running Ray cluster)")
     prepared.experiment_dir.mkdir(parents=True, exist_ok=True)
+    check_lock(prepared)
     spec = prepared.plan.spec
     try:
         job_id = slurm.submit_held(prepared.experiment_dir, prepared.script, spec.cluster.nodes,
@@ -130,11 +171,13 @@ def submit_slurm(prepared: Prepared) -> JobFolder:
     except slurm.SlurmError as err:
         raise SubmitError(f"sbatch refused the job: {err}") from None
     try:
+        _acquire(prepared, job_id, "slurm", None)  # released by the job's head node
         folder = write_folder(prepared, job_id)
         jobdir.remember(job_id, folder.path)
         slurm.release(job_id)
     except BaseException:
         slurm.cancel(job_id)
+        lock.release(prepared.experiment_dir, job_id)
         raise
     return folder
 
@@ -150,12 +193,17 @@ def submit_local(prepared: Prepared, on_start=None, on_poll=None,
     run the job here; on_poll() between the launcher's checks (vime/launch/progress.py)."""
     from vime.launch.local import run_local
 
-    folder = write_folder(prepared, job_id or new_local_id("local"))
-    jobdir.remember(folder.info["job_id"], folder.path)
-    if on_start:
-        on_start(folder)
-    code = run_local(folder.path, prepared.launch["nodes"], prepared.launch["gpus_per_node"],
-                     prepared.launch["env"], on_poll or (lambda: None))
+    job_id = job_id or new_local_id("local")
+    _acquire(prepared, job_id, "local", os.getpid())
+    try:
+        folder = write_folder(prepared, job_id)
+        jobdir.remember(job_id, folder.path)
+        if on_start:
+            on_start(folder)
+        code = run_local(folder.path, prepared.launch["nodes"], prepared.launch["gpus_per_node"],
+                         prepared.launch["env"], on_poll or (lambda: None))
+    finally:
+        lock.release(prepared.experiment_dir, job_id)
     return folder, code
 
 
@@ -163,9 +211,15 @@ def submit_attached(prepared: Prepared, address: str, on_start=None, on_poll=Non
                     job_id: str | None = None) -> tuple[JobFolder, int]:
     from vime.launch.local import run_attached
 
-    folder = write_folder(prepared, job_id or new_local_id("ray"))
-    jobdir.remember(folder.info["job_id"], folder.path)
-    if on_start:
-        on_start(folder)
-    return folder, run_attached(folder.path, address, prepared.launch["env"],
-                                on_poll or (lambda: None))
+    job_id = job_id or new_local_id("ray")
+    _acquire(prepared, job_id, "ray-address", os.getpid())
+    try:
+        folder = write_folder(prepared, job_id)
+        jobdir.remember(job_id, folder.path)
+        if on_start:
+            on_start(folder)
+        code = run_attached(folder.path, address, prepared.launch["env"],
+                            on_poll or (lambda: None))
+    finally:
+        lock.release(prepared.experiment_dir, job_id)
+    return folder, code

@@ -103,6 +103,7 @@ class Rollout:
     temperature: float
     top_p: float
     reward: str
+    reward_timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class Inference:
 @dataclass(frozen=True)
 class Checkpoint:
     save_interval: int
+    keep_last: int
+    on_corrupt: str
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""One job at a time per experiment (vime/launch/lock.py): a second submit is told who holds
+the experiment; a holder that died leaves a lock the next job takes over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from launchkit import ROOT, vime
+
+from vime.launch import lock
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from vime.launch import lock
+lock.acquire(Path(sys.argv[1]), lock.holder_now("local-holder1", "local", __import__("os").getpid()))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def live_holder(tmp_path):
+    """A real process that holds tmp_path/runs/tiny-cpu's lock until it is killed."""
+    folder = tmp_path / "runs" / "tiny-cpu"
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE,
+                             text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert child.stdout.readline().strip() == "held"
+        yield folder, child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_second_job_is_told_who_holds_the_experiment_until_the_holder_dies(live_holder):
+    folder, child = live_holder
+    with pytest.raises(lock.ExperimentLocked) as held:
+        lock.acquire(folder, lock.holder_now("local-second", "local", os.getpid()))
+    message = str(held.value)
+    for part in ("job local-holder1 (local)", f"on {socket.gethostname()}", f"pid {child.pid}",
+                 "since ", str(folder / lock.LOCK_FILE), "vime cancel local-holder1"):
+        assert part in message, (part, message)
+    assert lock.read(folder).job_id == "local-holder1"
+
+    child.send_signal(signal.SIGKILL)  # dies without releasing
+    child.wait()
+    replaced = lock.acquire(folder, lock.holder_now("local-second", "local", os.getpid()))
+    assert replaced is not None and replaced.pid == child.pid
+    assert lock.read(folder).job_id == "local-second"
+    lock.release(folder, "local-holder1")  # not the holder: nothing happens
+    assert lock.read(folder).job_id == "local-second"
+    lock.release(folder, "local-second")
+    assert lock.read(folder) is None
+
+
+def test_a_reused_pid_or_another_host_is_judged_right(tmp_path):
+    mine = lock.holder_now("local-a", "local", os.getpid())
+    assert not lock.is_stale(mine)
+    reused = lock.Holder("local-a", "local", mine.host, os.getpid(), mine.pid_start + 1, time.time())
+    assert lock.is_stale(reused)  # the pid now belongs to another process
+    elsewhere = lock.Holder("local-b", "local", "another-host", 1, 1, time.time())
+    assert not lock.is_stale(elsewhere)  # cannot be checked from here: kept
+
+
+def test_vime_submit_refuses_a_held_experiment_before_starting_anything(live_holder, tmp_path):
+    folder, child = live_holder
+    done = vime("submit", "--local", str(ROOT / "specs" / "tiny_cpu.toml"), "--set",
+                f"experiment.output_dir={json.dumps(str(tmp_path / 'runs'))}", timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "is in use by job local-holder1 (local)" in done.stderr
+    assert f"pid {child.pid}" in done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == [lock.LOCK_FILE]  # no job folder

@@ -1,0 +1,175 @@
+"""One job at a time per experiment: `<experiment folder>/lock.json` names the job that holds it.
+
+Two jobs of one experiment share its checkpoint folder: each would resume from, overwrite and
+clean up the other's saves. So `vime submit` takes the lock before the job starts and says
+who holds it when it cannot:
+
+    --local, --ray-address   the launcher process (host, pid and the pid's start time);
+                             released when the launcher returns
+    Slurm                    the job id, taken at submission and kept through requeues;
+                             released by the head node when the job ends (runtime/node/job.py)
+
+A holder that died without releasing is stale and its lock is taken over: a local holder
+whose pid on this host is gone (or now another process: the start time differs), a Slurm
+holder whose job Slurm reports finished. A holder on another host, or a Slurm job asked from
+a machine without Slurm, cannot be checked and is kept; the message says which file to
+remove when that job is known to be gone.
+
+The file is created by link(2) of a complete temporary file, which fails when the lock
+exists, atomically on local file systems and NFS alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+LOCK_FILE = "lock.json"
+
+
+@dataclass(frozen=True)
+class Holder:
+    job_id: str
+    launcher: str  # local | ray-address | slurm
+    host: str
+    pid: int | None  # the launcher's (local jobs)
+    pid_start: int | None  # /proc/<pid>/stat start time, against pid reuse
+    since: float
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.since))
+        pid = f", pid {self.pid}" if self.pid else ""
+        return f"job {self.job_id} ({self.launcher}) on {self.host}{pid}, since {when}"
+
+
+class ExperimentLocked(Exception):
+    """Another live job holds the experiment; the message names it and what to do."""
+
+    def __init__(self, folder: Path, holder: Holder):
+        self.folder, self.holder = folder, holder
+        super().__init__(
+            f"experiment {folder.name} is in use by {holder.describe()} (lock {folder / LOCK_FILE}). "
+            f"Wait for it, stop it with `vime cancel {holder.job_id}`, or run beside it with "
+            "--fresh; if that job is gone and the lock stayed, remove the lock file")
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19]) if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def _slurm_finished(job_id: str) -> bool | None:
+    from vime.launch import slurm
+
+    if not slurm.available():
+        return None
+    try:
+        return slurm.state(job_id).finished
+    except (OSError, ValueError):
+        return None
+
+
+def is_stale(holder: Holder, host: str | None = None) -> bool:
+    """Whether a holder is known to be gone (see the module's docstring)."""
+    host = host or socket.gethostname()
+    if holder.launcher == "slurm":
+        return bool(_slurm_finished(holder.job_id))
+    if holder.host != host or not holder.pid:
+        return False
+    return _start_time(holder.pid) != holder.pid_start
+
+
+def read(folder: Path) -> Holder | None:
+    """The experiment's holder, or None (no lock, or one being written)."""
+    return read_path(Path(folder) / LOCK_FILE)
+
+
+def read_path(path: Path) -> Holder | None:
+    try:
+        raw = json.loads(Path(path).read_text())
+        return Holder(**{k: raw.get(k) for k in Holder.__dataclass_fields__})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def holder_now(job_id: str, launcher: str, pid: int | None) -> Holder:
+    return Holder(job_id, launcher, socket.gethostname(), pid,
+                  _start_time(pid) if pid else None, time.time())
+
+
+def acquire(folder: Path, holder: Holder) -> Holder | None:
+    """Take the experiment's lock for holder. Returns the stale holder it replaced, if any;
+    the same job taking it again (its head node after the launcher) is no change.
+
+    Raises:
+        ExperimentLocked: another job holds it and is not known to be gone.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)  # OSError: the caller names the key
+    path = folder / LOCK_FILE
+    replaced = None
+    for _ in range(5):
+        tmp = folder / f".{LOCK_FILE}.{uuid.uuid4().hex[:8]}"
+        tmp.write_text(json.dumps(asdict(holder), indent=1) + "\n")
+        try:
+            os.link(tmp, path)
+            return replaced
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        current = read(folder)
+        if current is None:  # being written or removed right now
+            time.sleep(0.05)
+            continue
+        if current.job_id == holder.job_id:
+            return None
+        if not is_stale(current):
+            raise ExperimentLocked(folder, current)
+        aside = folder / f".{LOCK_FILE}.stale-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            continue  # another taker moved it first
+        if read_path(aside) != current:  # a fresh lock came between: put it back
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, path)
+            aside.unlink(missing_ok=True)
+            continue
+        aside.unlink(missing_ok=True)
+        replaced = current
+    current = read(folder)
+    raise ExperimentLocked(folder, current or holder)
+
+
+def check(folder: Path) -> None:
+    """Raises ExperimentLocked when a job not known to be gone holds the experiment."""
+    current = read(folder)
+    if current is not None and not is_stale(current):
+        raise ExperimentLocked(Path(folder), current)
+
+
+def release(folder: Path, job_id: str) -> None:
+    """Remove the lock when job_id holds it; another job's lock is left as it is."""
+    path = Path(folder) / LOCK_FILE
+    current = read(folder)
+    if current is None or current.job_id != job_id:
+        return
+    aside = path.with_name(f".{LOCK_FILE}.released-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    if (moved := read_path(aside)) is not None and moved.job_id != job_id:
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)  # not ours after all: put it back
+    aside.unlink(missing_ok=True)
