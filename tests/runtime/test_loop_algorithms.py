@@ -1,6 +1,6 @@
-"""The loop with another estimator, a sequence-level loss aggregation and an LR schedule, in
-this process (no Ray): the metrics carry the schedule's rate and a resumed run ends where the
-uninterrupted one does, schedule included."""
+"""The loop with another estimator, a sequence-level loss aggregation, an LR schedule and R3
+(TIS is on in the tiny spec), in this process (no Ray): the metrics carry the schedule's rate
+and a resumed run ends where the uninterrupted one does, schedule included."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ KEYS = dict(algorithm__advantage_estimator='"rloo"',
             algorithm__loss_aggregation='"seq-mean-token-mean"',
             train__optimizer__lr_warmup_iters="2", train__optimizer__lr_decay_style='"cosine"',
             train__optimizer__lr_decay_iters="8", train__optimizer__min_lr="3e-4",
-            checkpoint__save_interval="2")
+            checkpoint__save_interval="2", train__routing_replay="true")
 
 
 def _run(tmp_path, job, rollouts):
@@ -34,6 +34,8 @@ def test_a_scheduled_rloo_run_resumes_exactly(tmp_path):
         [lr_schedule.learning_rate(2 * i + 1, config.optimizer) for i in range(4)])
     assert records[0]["train/lr"] < records[1]["train/lr"] > records[3]["train/lr"] > 3e-4
     assert all(r["train/grad_norm"] > 0 for r in records)  # RLOO's advantages are not all 0
+    # R3 on: the engine's routes replayed, the actor's old log-probs are the engine's
+    assert all(r["train/rollout_logprob_abs_diff"] < 1e-5 for r in records)
     _run(tmp_path / "b", "first", 2)
     resumed_config, resumed = _run(tmp_path / "b", "resumed", 4)
     got = metrics(resumed_config.job_dir)
