@@ -89,3 +89,32 @@ def test_v214_is_silent_only_where_the_layer_spec_already_needs_te(impl, warns):
         assert f'transformer_impl = "{impl}"' in diag.message and diag.severity == "warning"
         assert 'train.transformer_impl = "transformer_engine"' in diag.help
         assert ("train", "transformer_impl") in [path for path, _ in diag.related]
+
+
+@pytest.mark.parametrize("estimator, warns", [
+    ("grpo", True), ("gspo", True), ("rloo", True), ("reinforce_plus_plus_baseline", True),
+    ("reinforce_plus_plus", False)])
+def test_v404_warns_for_every_estimator_whose_baseline_is_the_group(estimator, warns):
+    spec = ROOT / "specs" / "tiny_cpu.toml"
+    result = run_text(spec.read_text(), ["rollout.n_samples_per_prompt=1",
+                                         "train.micro_batch_size=4",
+                                         f'algorithm.advantage_estimator="{estimator}"'],
+                      name=f"specs/{spec.name}", spec_dir=spec.parent)
+    found = [d for d in result.diagnostics if d.code == "V404"]
+    assert bool(found) == warns and result.ok
+    assert all(estimator in d.message for d in found)
+
+
+def test_the_checks_and_the_schema_name_what_the_runtime_runs():
+    """The schema's enums and the rules' estimator groups are the runtime's own lists."""
+    from runtime.core import algorithm, lr_schedule
+    from vime import schema
+    from vime.check import algorithm as algorithm_rules
+
+    properties = schema.load()["properties"]
+    algo = properties["algorithm"]["properties"]
+    optimizer = properties["train"]["properties"]["optimizer"]["properties"]
+    assert tuple(algo["advantage_estimator"]["enum"]) == algorithm.ADVANTAGE_ESTIMATORS
+    assert tuple(algo["loss_aggregation"]["enum"]) == algorithm.LOSS_AGGREGATIONS
+    assert tuple(optimizer["lr_decay_style"]["enum"]) == lr_schedule.LR_DECAY_STYLES
+    assert algorithm_rules.GROUP_ESTIMATORS == algorithm.GROUP_ESTIMATORS

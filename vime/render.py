@@ -222,8 +222,25 @@ def plan_text(plan: Plan) -> str:
                    f"{batch.micro_batch_size}")
     out.append(f"  {plural(spec.rollout.num_rollout, 'rollout')} → "
                f"{plural(spec.rollout.num_rollout * batch.steps_per_rollout, 'optimizer step')}")
+    out.append(f"  {_algorithm_line(spec)}")
+    out.append(f"  {_lr_line(spec.train.optimizer)}")
     out += _memory_text(plan)
     return "\n".join(out) + "\n"
+
+
+def _algorithm_line(spec) -> str:
+    algo = spec.algorithm
+    return (f"advantages {algo.advantage_estimator}, loss {algo.loss_aggregation}, clip "
+            f"[1 − {algo.eps_clip:g}, 1 + {algo.eps_clip_high:g}]"
+            + (" on the sequence ratio" if algo.advantage_estimator == "gspo" else ""))
+
+
+def _lr_line(opt) -> str:
+    warmup = (f"warmup {plural(opt.lr_warmup_iters, 'step')} to {opt.lr:g}, "
+              if opt.lr_warmup_iters else f"lr {opt.lr:g}, ")
+    if opt.lr_decay_style == "constant":
+        return warmup + "then constant"
+    return warmup + f"{opt.lr_decay_style} decay to {opt.min_lr:g} at step {opt.lr_decay_iters}"
 
 
 def _memory_text(plan: Plan) -> list[str]:

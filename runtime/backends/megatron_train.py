@@ -95,6 +95,21 @@ def _optimizer_options(opt) -> dict:
     return dict(use_precision_aware_optimizer=True) if opt.precision_aware else {}
 
 
+def lr_scheduler(optimizer, opt):
+    """megatron-core's OptimizerParamScheduler over `optimizer`'s param groups for the spec's
+    schedule (train.optimizer: lr, lr_warmup_iters, lr_decay_style, lr_decay_iters, min_lr),
+    one scheduler step per optimizer step, warmup from 0 (Megatron's --lr-warmup-init) and the
+    weight decay constant. It sets step 0's learning rate at once; runtime/core/lr_schedule.py
+    is the same curve for the torch backend."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=opt.lr, min_lr=opt.min_lr,
+        lr_warmup_steps=opt.lr_warmup_iters, lr_decay_steps=opt.lr_decay_iters,
+        lr_decay_style=opt.lr_decay_style, start_wd=opt.weight_decay, end_wd=opt.weight_decay,
+        wd_incr_steps=opt.lr_decay_iters, wd_incr_style="constant")
+
+
 def _head_inputs(hidden_states, output_layer, output_weight, **_context):
     """GPTModel's output_processor: instead of the logits, the final hidden states [b, s, h] of
     this rank's positions and the weight [V / tp, h] the output layer multiplies them by (the
@@ -182,11 +197,12 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=opt.lr, weight_decay=opt.weight_decay,
                             adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2,
-                            clip_grad=opt.clip_grad or 0.0, bf16=True,
+                            min_lr=opt.min_lr, clip_grad=opt.clip_grad or 0.0, bf16=True,
                             params_dtype=torch.bfloat16, use_distributed_optimizer=True,
                             **_optimizer_options(opt)),
             [self.model])
         self._fuse_adam()
+        self.lr_scheduler = lr_scheduler(self.optimizer, opt)
         self.params = dict(self.gpt.named_parameters())
         self.ref = ({n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}
                     if slice.needs_ref else None)
@@ -404,11 +420,13 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         # DDP's reduction over the data-parallel ranks, then the sums over the tensor group of
         # the replicated weights (sequence-parallel norms, q/k norms)
         finalize_model_grads([self.model])
+        lr = float(self.optimizer.param_groups[0]["lr"])  # this step's, set by the scheduler
         _ok, grad_norm, _zeros = self.optimizer.step()  # clips by clip_grad, then Adam
+        self.lr_scheduler.step(1)
         matched, replayed = self._route_counts.tolist()
         self._route_counts.zero_()
         return {"step/grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
-                "step/lr": self.slice.optimizer.lr,
+                "step/lr": lr,
                 "routes_matched": float(matched), "routes_replayed": float(replayed)}
 
     # --------------------------------------------------------------------------- weights
@@ -514,7 +532,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             (path / "torch_dist").mkdir(exist_ok=True)
             dist_checkpointing.save(state, str(path / "torch_dist"))
         torch.save({"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all(),
-                    "adam_steps": self._adam_steps()},
+                    "adam_steps": self._adam_steps(),
+                    "lr_steps": self.lr_scheduler.num_steps},
                    path / f"rng_rank{self.slice.rank}.pt")
 
     def _torch_adams(self) -> list:
@@ -608,5 +627,11 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         # without saved counts (a checkpoint from before they were saved) each parameter still
         # gets its own step tensor, where its Adam wants it
         self._restore_adam_steps(rng.get("adam_steps") or [None] * len(self._torch_adams()))
+        # the schedule's position; a checkpoint without it: Adam's step count, the same number
+        steps = rng.get("lr_steps")
+        if steps is None:
+            steps = max((s for s in self._adam_steps() if s is not None), default=0)
+        self.lr_scheduler.num_steps = int(steps)
+        self.lr_scheduler.step(0)
         torch.set_rng_state(rng["torch"])
         torch.cuda.set_rng_state_all(rng["cuda"])

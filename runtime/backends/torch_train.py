@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.backends import torch_model
-from runtime.core import algorithm, loss_head
+from runtime.core import algorithm, loss_head, lr_schedule
 from runtime.core.interfaces import TrainBatch, TrainingBackend
 from runtime.core.slices import TrainSlice
 
@@ -84,6 +84,7 @@ class TorchTrainingBackend(TrainingBackend):
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2),
             weight_decay=opt.weight_decay, eps=1e-8)
+        self.optimizer_steps = 0  # the learning-rate schedule's position
         self.temperature = slice.temperature if slice.temperature > 0 else 1.0
         self.top_p = sampling_top_p(slice)
 
@@ -218,7 +219,8 @@ class TorchTrainingBackend(TrainingBackend):
                 mask = torch.zeros_like(mask)
             loss, stats = algorithm.policy_loss(
                 log_probs, old, advantages, mask, batch.step_response_tokens, self.slice.loss,
-                ref_log_probs=ref, rollout_log_probs=rollout, entropy=entropy)
+                ref_log_probs=ref, rollout_log_probs=rollout, entropy=entropy,
+                step_samples=batch.step_samples)
             self._before_backward()
             loss.backward()
             for key, value in stats.items():
@@ -271,8 +273,12 @@ class TorchTrainingBackend(TrainingBackend):
                 offset += grad.numel()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               self.slice.optimizer.clip_grad or math.inf)
+        lr = lr_schedule.learning_rate(self.optimizer_steps, self.slice.optimizer)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
-        return {"step/grad_norm": float(norm), "step/lr": self.optimizer.param_groups[0]["lr"]}
+        self.optimizer_steps += 1
+        return {"step/grad_norm": float(norm), "step/lr": lr}
 
     # --------------------------------------------------------------------------- weights
 
@@ -358,7 +364,8 @@ class TorchTrainingBackend(TrainingBackend):
         with self._readable():
             if self.slice.rank == 0:
                 torch.save({"model": self.model.state_dict(),
-                            "optimizer": self.optimizer.state_dict()}, path / "model_optim.pt")
+                            "optimizer": self.optimizer.state_dict(),
+                            "optimizer_steps": self.optimizer_steps}, path / "model_optim.pt")
         torch.save({"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
                    path / f"rng_rank{self.slice.rank}.pt")
@@ -369,6 +376,10 @@ class TorchTrainingBackend(TrainingBackend):
                                weights_only=True)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+            # a checkpoint without the count: Adam's own step count is the same number
+            self.optimizer_steps = int(state.get("optimizer_steps", max(
+                (float(s["step"]) for s in self.optimizer.state.values() if "step" in s),
+                default=0)))
         rng_file = path / f"rng_rank{self.slice.rank}.pt"
         if rng_file.exists():
             rng = torch.load(rng_file, weights_only=False)

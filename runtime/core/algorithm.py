@@ -1,7 +1,8 @@
-"""The GRPO arithmetic: advantages, the clipped policy loss, KL estimators, truncated
-importance sampling, entropy. Pure torch functions on tensors, shared by every training
-backend (the torch pair here, Megatron in issue 7), so each piece is tested once against
-hand-computed numbers (tests/runtime/test_algorithm.py).
+"""The RL arithmetic: advantage estimators, the clipped policy loss (token- or sequence-level
+ratio), loss aggregation, KL estimators, truncated importance sampling, entropy. Pure torch
+functions on tensors, shared by every training backend (torch and Megatron), so each piece is
+tested once against hand-computed numbers and a reference implementation's formula
+(tests/runtime/test_algorithm.py, tests/runtime/test_estimators.py).
 
 Conventions (the ones slime and verl use, noted where they differ):
 - log-probabilities are of the sampled token under the distribution the rollout sampled
@@ -9,10 +10,14 @@ Conventions (the ones slime and verl use, noted where they differ):
   (runtime/core/nucleus.py, issue 14); the rollout backend returns the same quantity, so the two
   can be compared (TIS, the mismatch metric). The entropy stays that of the whole
   softmax(logits / temperature);
-- a loss is a sum over response tokens divided by the number of response tokens of the
-  whole optimizer step across all data-parallel ranks (token-level mean, DAPO's choice and
-  slime's --calculate-per-token-loss), so gradient accumulation and DP all-reduce (SUM)
-  give exactly the mean over the step.
+- a loss is a weighted sum over response tokens whose weights are fixed by the whole
+  optimizer step across all data-parallel ranks, so gradient accumulation and DP all-reduce
+  (SUM) give exactly the step's aggregate. token-mean (the default: DAPO's choice and slime's
+  --calculate-per-token-loss) divides by the step's response tokens; seq-mean-token-mean by
+  each sample's tokens and the step's samples; seq-mean-token-sum-norm (Dr.GRPO) by a
+  constant, the rollout's max_response_len, and the step's samples (verl's loss_agg_mode);
+- per-token tensors of a micro-batch are [samples, tokens] (a 1-d tensor is one sample):
+  the sequence-level pieces (GSPO's ratio, the seq-mean aggregations) reduce the last axis.
 """
 
 from __future__ import annotations
@@ -22,6 +27,17 @@ import torch
 from runtime.core.slices import LossConfig
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+# slime's --advantage-estimator names (gspo: GRPO's advantages, the sequence-level ratio)
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                        "rloo")
+# estimators whose baseline is the prompt's group: nothing to learn from a group of one
+GROUP_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline", "rloo")
+# verl's loss_agg_mode names
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# exp of a sequence's mean log-ratio is capped at exp(10), as verl's GSPO loss caps it
+MAX_SEQUENCE_LOG_RATIO = 10.0
+# whitening's variance floor (verl's masked_whiten, slime's distributed_masked_whiten)
+WHITEN_EPS = 1e-8
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, std_normalization: bool = True,
@@ -38,6 +54,112 @@ def group_advantages(rewards: torch.Tensor, group_size: int, std_normalization: 
     if std_normalization and group_size > 1:
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
     return centred.reshape(-1)
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO: each sample's reward minus the mean reward of the other samples of its group,
+    which is n / (n - 1) times its deviation from the whole group's mean. A group of one has
+    no other sample: its advantage is 0."""
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not form groups of {group_size}")
+    grouped = rewards.float().reshape(-1, group_size)
+    if group_size == 1:
+        return torch.zeros_like(grouped).reshape(-1)
+    others = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - others).reshape(-1)
+
+
+def whiten(values: torch.Tensor, token_counts: torch.Tensor) -> torch.Tensor:
+    """Per-sample values standardised over every response token of the batch: each sample's
+    value stands for its token_counts tokens; mean and unbiased variance are over those
+    tokens, and (value - mean) / sqrt(variance + 1e-8) is returned (REINFORCE++'s global
+    advantage normalisation: verl's masked_whiten on values broadcast to tokens)."""
+    values, counts = values.float(), token_counts.float()
+    tokens = counts.sum()
+    if tokens <= 0:
+        return torch.zeros_like(values)
+    mean = (values * counts).sum() / tokens
+    variance = ((values - mean).square() * counts).sum() / tokens
+    if tokens > 1:
+        variance = variance * tokens / (tokens - 1)
+    return (values - mean) * torch.rsqrt(variance + WHITEN_EPS)
+
+
+def advantages(rewards: torch.Tensor, group_size: int, estimator: str = "grpo",
+               std_normalization: bool = True,
+               response_lens: list[int] | torch.Tensor | None = None) -> torch.Tensor:
+    """One advantage per sample of a rollout (consecutive groups of group_size samples of the
+    same prompt; a single-turn reward at the last token, no discount), by the estimator:
+
+    grpo, gspo                    group_advantages (gspo differs in the loss, not here)
+    rloo                          reward minus the mean of the group's other rewards
+    reinforce_plus_plus           the rewards whitened over the rollout's response tokens
+    reinforce_plus_plus_baseline  reward minus its group's mean, then whitened the same way
+
+    The REINFORCE++ pair need response_lens (tokens per sample), which weight the whitening.
+
+    Raises:
+        ValueError: an unknown estimator, rewards not in whole groups, or REINFORCE++
+            without response_lens.
+    """
+    if estimator in ("grpo", "gspo"):
+        return group_advantages(rewards, group_size, std_normalization)
+    if estimator == "rloo":
+        return leave_one_out_advantages(rewards, group_size)
+    if estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        if response_lens is None:
+            raise ValueError(f"{estimator} whitens over response tokens: pass response_lens")
+        counts = torch.as_tensor(response_lens, dtype=torch.float32)
+        if estimator == "reinforce_plus_plus_baseline":
+            rewards = group_advantages(rewards, group_size, std_normalization=False)
+        elif rewards.numel() % group_size:
+            raise ValueError(f"{rewards.numel()} rewards do not form groups of {group_size}")
+        return whiten(rewards, counts)
+    raise ValueError(f"unknown advantage estimator {estimator!r}; one of "
+                     f"{', '.join(ADVANTAGE_ESTIMATORS)}")
+
+
+def token_weights(mask: torch.Tensor, config: LossConfig, step_tokens: float,
+                  step_samples: int | None) -> torch.Tensor:
+    """What each response token's loss is multiplied by before the sum (config's
+    loss_aggregation; mask [samples, tokens] or one sample's [tokens]):
+
+    token-mean               1 / step_tokens
+    seq-mean-token-mean      1 / (its sample's tokens x step_samples)
+    seq-mean-token-sum-norm  1 / (config.max_response_len x step_samples)   (Dr.GRPO)
+
+    step_tokens and step_samples count the whole optimizer step over every rank.
+
+    Raises:
+        ValueError: an unknown aggregation, or a sequence-level one without step_samples.
+    """
+    mask = mask.float()
+    aggregation = config.loss_aggregation
+    if aggregation == "token-mean":
+        return mask / step_tokens
+    if aggregation not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {aggregation!r}; one of "
+                         f"{', '.join(LOSS_AGGREGATIONS)}")
+    if not step_samples:
+        raise ValueError(f"loss aggregation {aggregation} needs the step's sample count")
+    if aggregation == "seq-mean-token-mean":
+        return mask / (mask.sum(dim=-1, keepdim=True).clamp(min=1.0) * step_samples)
+    if config.max_response_len < 1:
+        raise ValueError("seq-mean-token-sum-norm divides by max_response_len; it is not set")
+    return mask / (float(config.max_response_len) * step_samples)
+
+
+def sequence_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's per-token log-ratio: its value on every token of a sample is the sample's
+    length-normalised sequence log-ratio mean_t(log pi - log pi_old) (the log of the geometric
+    mean of its token ratios), capped at 10; its gradient is each token's own d log pi
+    (GSPO-token with sg[s_i], arXiv 2507.18071 eq. 13, verl's compute_policy_loss_gspo)."""
+    mask = mask.float()
+    token_log_ratio = (log_probs - old_log_probs).detach()
+    per_sample = (token_log_ratio * mask).sum(dim=-1, keepdim=True) / \
+        mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    return (log_probs - log_probs.detach() + per_sample).clamp(max=MAX_SEQUENCE_LOG_RATIO)
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -91,18 +213,21 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
                 mask: torch.Tensor, normalizer: float, config: LossConfig,
                 ref_log_probs: torch.Tensor | None = None,
                 rollout_log_probs: torch.Tensor | None = None,
-                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The GRPO loss of one micro-batch and the sums its metrics are built from.
+                entropy: torch.Tensor | None = None,
+                step_samples: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy loss of one micro-batch and the sums its metrics are built from.
 
-    All tensors are per token, same shape; advantages already broadcast to tokens; mask is 1
-    on response tokens. The clipped surrogate (PPO with DAPO's asymmetric clip-higher):
+    All tensors are per token, same shape ([samples, tokens], or one sample's [tokens]);
+    advantages already broadcast to tokens; mask is 1 on response tokens. The clipped
+    surrogate (PPO with DAPO's asymmetric clip-higher):
 
-        ratio = exp(log_probs - old_log_probs)
+        ratio = exp(log_probs - old_log_probs)       (gspo: exp(sequence_log_ratio))
         pg    = max(-A * ratio, -A * clamp(ratio, 1 - eps_clip, 1 + eps_clip_high))
 
     times the TIS weight when config.tis, plus kl_loss_coef * KL(policy || ref) with the
-    chosen estimator, minus entropy_coef * entropy. Summed over masked tokens and divided by
-    normalizer (the step's response tokens over every rank).
+    chosen estimator, minus entropy_coef * entropy. Each token's term is multiplied by its
+    token_weights (config.loss_aggregation; normalizer is the step's response tokens and
+    step_samples its samples, over every rank) and summed.
 
     The returned stats are sums over this micro-batch's tokens (the caller adds them over
     micro-batches and ranks, then divides by the token count): pg_loss, clipped tokens,
@@ -111,7 +236,10 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
     and its backward would hold back the launches of the backward; a step reads them once."""
     mask = mask.float()
     log_ratio = log_probs - old_log_probs
-    ratio = torch.exp(log_ratio)
+    if config.advantage_estimator == "gspo":
+        ratio = torch.exp(sequence_log_ratio(log_probs, old_log_probs, mask))
+    else:
+        ratio = torch.exp(log_ratio)
     pg_unclipped = -advantages * ratio
     pg_clipped = -advantages * ratio.clamp(1.0 - config.eps_clip, 1.0 + config.eps_clip_high)
     pg = torch.maximum(pg_unclipped, pg_clipped)
@@ -138,5 +266,8 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
         stats["entropy"] = (entropy.detach() * mask).sum()
         if config.entropy_coef:
             total = total - config.entropy_coef * entropy
-    loss = (total * mask).sum() / normalizer
+    if config.loss_aggregation == "token-mean":
+        loss = (total * mask).sum() / normalizer
+    else:
+        loss = (total * token_weights(mask, config, normalizer, step_samples)).sum()
     return loss, stats

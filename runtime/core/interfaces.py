@@ -129,6 +129,9 @@ class TrainBatch:
     routed_experts: list[np.ndarray] | None = None
     # response tokens of the whole optimizer step over every rank: the loss divides by it
     step_response_tokens: int | None = None
+    # samples of the whole optimizer step over every rank: the sequence-level loss
+    # aggregations divide by it (runtime/core/algorithm.py, token_weights)
+    step_samples: int | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -145,7 +148,7 @@ class TrainBatch:
             advantages=pick(self.advantages), rollout_log_probs=pick(self.rollout_log_probs),
             old_log_probs=pick(self.old_log_probs), ref_log_probs=pick(self.ref_log_probs),
             routed_experts=pick(self.routed_experts),
-            step_response_tokens=self.step_response_tokens)
+            step_response_tokens=self.step_response_tokens, step_samples=self.step_samples)
 
 
 class TrainingBackend(abc.ABC):

@@ -38,6 +38,11 @@ class LossConfig:
     tis: bool = False
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    # algorithm.advantage_estimator: gspo also makes the loss's ratio sequence-level
+    advantage_estimator: str = "grpo"
+    loss_aggregation: str = "token-mean"
+    # rollout.max_response_len: the constant seq-mean-token-sum-norm divides by
+    max_response_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,13 @@ class OptimizerSlice:
     cpu_offload: bool = False
     overlap_cpu_optimizer_d2h_h2d: bool = False
     precision_aware: bool = False
+    # the learning-rate schedule over optimizer steps (Megatron's --lr-warmup-iters,
+    # --lr-decay-style, --lr-decay-iters, --min-lr; runtime/core/lr_schedule.py); the
+    # defaults are a constant lr
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "constant"
+    lr_decay_iters: int = 1
+    min_lr: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -232,7 +244,11 @@ class JobConfig:
                 kl_estimator=algo.get("kl_estimator", "k3"),
                 entropy_coef=float(algo["entropy_coef"]), tis=bool(algo.get("tis", False)),
                 tis_clip=float(algo.get("tis_clip", 2.0)),
-                tis_clip_low=float(algo.get("tis_clip_low", 0.0))),
+                tis_clip_low=float(algo.get("tis_clip_low", 0.0)),
+                # job folders compiled before these keys existed have none: the defaults
+                advantage_estimator=algo.get("advantage_estimator", "grpo"),
+                loss_aggregation=algo.get("loss_aggregation", "token-mean"),
+                max_response_len=int(rollout["max_response_len"])),
             optimizer=OptimizerSlice(
                 lr=float(optimizer["lr"]), weight_decay=float(optimizer["weight_decay"]),
                 adam_beta1=float(optimizer["adam_beta1"]),
@@ -241,7 +257,12 @@ class JobConfig:
                 cpu_offload=bool(optimizer.get("cpu_offload", False)),
                 overlap_cpu_optimizer_d2h_h2d=bool(optimizer.get("overlap_cpu_optimizer_d2h_h2d",
                                                                  False)),
-                precision_aware=bool(optimizer.get("precision_aware", False))),
+                precision_aware=bool(optimizer.get("precision_aware", False)),
+                lr_warmup_iters=int(optimizer.get("lr_warmup_iters", 0)),
+                lr_decay_style=optimizer.get("lr_decay_style", "constant"),
+                lr_decay_iters=int(optimizer.get("lr_decay_iters") or max(
+                    int(rollout["num_rollout"]) * int(train["steps_per_rollout"]), 1)),
+                min_lr=float(optimizer.get("min_lr", 0.0))),
             train=MappingProxyType({**{k: train[k] for k in (
                 "micro_batch_size", "dynamic_batch", "max_tokens_per_gpu", "routing_replay",
                 "recompute")},

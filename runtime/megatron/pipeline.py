@@ -77,12 +77,14 @@ class Head:
 
 def forward_step(head: Head, output_processor: Callable, loss: LossConfig | None = None,
                  normalizer: float | None = None,
-                 model_kwargs: Mapping[str, Any] | None = None) -> Callable:
+                 model_kwargs: Mapping[str, Any] | None = None,
+                 step_samples: int | None = None) -> Callable:
     """megatron-core's forward_step_func. `output_processor` is GPTModel's hook that returns
     (final hidden states [n, width, h], output weight [V / tp, h]) on the last stage (the
     backend's _head_inputs); `loss` and `normalizer` (the step's response tokens over every
     data-parallel rank) make it a training pass, without them a log-prob pass; `model_kwargs`
-    go to the model's call (the backend's Float16Module takes fp32_output=False)."""
+    go to the model's call (the backend's Float16Module takes fp32_output=False);
+    `step_samples` (the step's samples) is what the sequence-level loss aggregations need."""
     if (loss is None) != (normalizer is None):
         raise ValueError("a training pass needs both the loss config and its normalizer")
     extra = dict(model_kwargs or {})
@@ -91,13 +93,14 @@ def forward_step(head: Head, output_processor: Callable, loss: LossConfig | None
         micro = next(data_iterator)
         output = model(micro.ids, micro.positions, None, output_processor=output_processor,
                        **extra)
-        return output, functools.partial(_last_stage, micro, head, loss, normalizer)
+        return output, functools.partial(_last_stage, micro, head, loss, normalizer,
+                                         step_samples)
 
     return step
 
 
 def _last_stage(micro: MicroBatch, head: Head, loss: LossConfig | None,
-                normalizer: float | None, output):
+                normalizer: float | None, step_samples: int | None, output):
     """The schedule's loss_func, on the last stage: (loss, response tokens, kept values)."""
     hidden, weight = output
     picked = hidden[micro.rows, micro.picks]
@@ -116,7 +119,7 @@ def _last_stage(micro: MicroBatch, head: Head, loss: LossConfig | None,
     value, stats = algorithm.policy_loss(
         log_probs, micro.old_log_probs, micro.advantages, micro.mask, normalizer, loss,
         ref_log_probs=micro.ref_log_probs, rollout_log_probs=micro.rollout_log_probs,
-        entropy=entropy)
+        entropy=entropy, step_samples=step_samples)
     return value, tokens, {**kept, **stats}
 
 

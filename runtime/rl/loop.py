@@ -7,7 +7,7 @@ colocated (the engines and the actor share the GPUs and take turns):
 
     generate (engines awake, actor offloaded)
     engines sleep (level 2: weights dropped)      actor onload
-    rewards, GRPO advantages
+    rewards, advantages (algorithm.advantage_estimator)
     old log-probs (actor), reference log-probs (when kl_loss_coef > 0)
     steps_per_rollout optimizer steps of global_batch_size samples
     checkpoint (every checkpoint.save_interval rollouts, and after the last)
@@ -166,8 +166,9 @@ class GRPOLoop:
                 scores.append(value)
                 for key, number in extra.items():
                     extras.setdefault(key, []).append(number)
-            advantages = algorithm.group_advantages(torch.tensor(scores), n,
-                                                    config.std_normalization).tolist()
+            advantages = algorithm.advantages(
+                torch.tensor(scores), n, config.loss.advantage_estimator,
+                config.std_normalization, [len(g.token_ids) for g in generations]).tolist()
 
         batch = TrainBatch(
             tokens=[list(r.prompt_ids) + g.token_ids for r, g in zip(requests, generations,
@@ -196,6 +197,7 @@ class GRPOLoop:
             for step in range(config.steps_per_rollout):
                 step_batch = batch.select(range(step * size, (step + 1) * size))
                 step_batch.step_response_tokens = sum(step_batch.response_lens())
+                step_batch.step_samples = len(step_batch)
                 step_stats.append(self.train.train_step(step_batch))
         trained_tokens = sum(len(t) for t in batch.tokens[:config.steps_per_rollout * size])
         guards.check_train(rollout_id, step_stats)

@@ -1,6 +1,7 @@
 """Stage 4, check: the rule registry run over a resolved Spec. Reports; never assigns."""
 
 from vime.check import (  # noqa: F401  (registers rules)
+    algorithm,
     batch,
     cards,
     checkpoint,

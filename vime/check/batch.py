@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vime.check.algorithm import GROUP_ESTIMATORS
 from vime.check.registry import Finding, rule
 from vime.resolve.spec import Spec
 
@@ -83,16 +84,22 @@ def rollouts_fill_a_step(spec: Spec):
 
 @rule("V404", "grpo-needs-groups", severity="warning", enforced_by="vime")
 def grpo_needs_groups(spec: Spec):
-    """GRPO with one sample per prompt learns nothing.
+    """An estimator whose baseline is the prompt's group learns nothing from one sample.
 
-    GRPO's advantage is a sample's reward minus the mean reward of its group (the samples
-    of the same prompt); with n_samples_per_prompt = 1 every advantage is 0 and the policy
-    gradient vanishes (slime turns std normalisation off and trains on zeros).
-    Fix: n_samples_per_prompt ≥ 2 (the seed uses 2; 8 or 16 is common)."""
-    if spec.algorithm.name == "grpo" and spec.rollout.n_samples_per_prompt == 1:
+    GRPO's (and GSPO's) advantage is a sample's reward minus the mean reward of its group
+    (the samples of the same prompt), RLOO's minus the mean of the group's other samples,
+    REINFORCE++-baseline's minus the group mean before whitening; with
+    n_samples_per_prompt = 1 every such advantage is 0 and the policy gradient vanishes
+    (slime turns std normalisation off and trains on zeros).
+    Fix: n_samples_per_prompt ≥ 2 (the seed uses 2; 8 or 16 is common), or
+    advantage_estimator = "reinforce_plus_plus", whose baseline is the whole rollout."""
+    estimator = spec.algorithm.advantage_estimator
+    if estimator in GROUP_ESTIMATORS and spec.rollout.n_samples_per_prompt == 1:
         yield Finding("rollout.n_samples_per_prompt",
-                      "GRPO with n_samples_per_prompt = 1: every advantage is 0",
-                      help="n_samples_per_prompt ≥ 2")
+                      f"{estimator} with n_samples_per_prompt = 1: every advantage is 0",
+                      help="n_samples_per_prompt ≥ 2, or advantage_estimator = "
+                      "\"reinforce_plus_plus\"",
+                      related=("algorithm.advantage_estimator",))
 
 
 @rule("V405", "kl-needs-reference", enforced_by="slime")

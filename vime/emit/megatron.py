@@ -76,11 +76,17 @@ def megatron_args(plan: Plan) -> list[list[str]]:
         ["--weight-decay", _num(opt.weight_decay)],
         ["--adam-beta1", _num(opt.adam_beta1)],
         ["--adam-beta2", _num(opt.adam_beta2)],
+        # Megatron-LM's own default style is linear: the spec's is written out
+        ["--lr-decay-style", opt.lr_decay_style],
         ["--bf16"],
         ["--accumulate-allreduce-grads-in-fp32"],
         ["--attention-softmax-in-fp32"],
         ["--seed", str(spec.experiment.seed)],
     ]
+    if opt.lr_warmup_iters:
+        args.append(["--lr-warmup-iters", str(opt.lr_warmup_iters)])
+    if opt.lr_decay_style != "constant":
+        args += [["--lr-decay-iters", str(opt.lr_decay_iters)], ["--min-lr", _num(opt.min_lr)]]
     if opt.distributed:
         args.append(["--use-distributed-optimizer"])
     if opt.precision_aware:

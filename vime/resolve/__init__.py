@@ -265,6 +265,11 @@ def _derive(values: dict, origins: dict[str, Origin]) -> Derived:
            f"batch_size × n_samples_per_prompt ÷ steps_per_rollout = {rollout['batch_size']} × "
            f"{rollout['n_samples_per_prompt']} ÷ {train['steps_per_rollout']}")
 
+    steps = rollout["num_rollout"] * train["steps_per_rollout"]
+    derive(train["optimizer"], "lr_decay_iters", "train.optimizer.lr_decay_iters", max(steps, 1),
+           f"the run's optimizer steps: num_rollout × steps_per_rollout = "
+           f"{rollout['num_rollout']} × {train['steps_per_rollout']}")
+
     par = train["parallel"]
     actor = train["num_gpus"]
     vllm_dp = inference["data_parallel_size"]

@@ -127,6 +127,10 @@ class Optimizer:
     cpu_offload: bool
     overlap_cpu_optimizer_d2h_h2d: bool
     precision_aware: bool
+    lr_warmup_iters: int
+    lr_decay_style: str  # constant | linear | cosine (--lr-decay-style)
+    lr_decay_iters: int  # derived: the run's optimizer steps
+    min_lr: float
 
 
 @dataclass(frozen=True)
@@ -150,12 +154,14 @@ class Train:
 @dataclass(frozen=True)
 class Algorithm:
     name: str
+    advantage_estimator: str  # grpo | gspo | reinforce_plus_plus | ..._baseline | rloo
     eps_clip: float
     eps_clip_high: float
     kl_loss_coef: float
     kl_estimator: str
     entropy_coef: float
     std_normalization: bool
+    loss_aggregation: str  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
     tis: bool
     tis_clip: float
     tis_clip_low: float
