@@ -150,6 +150,7 @@ class DataConfig:
     shuffle: bool
     max_prompt_len: int
     seed: int
+    metadata_keys: tuple[str, ...] = ()  # data.metadata_keys
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,19 @@ class JobConfig:
     reward_timeout_s: float = 300.0  # rollout.reward_timeout_s
     keep_last: int = 0  # checkpoint.keep_last
     on_corrupt: str = "stop"  # checkpoint.on_corrupt
+    # rollout.function ("module:function", None: single-turn generation) and its limits
+    rollout_function: str | None = None
+    max_turns: int = 8
+    max_total_tokens: int = 0  # 0: max_response_len
+    function_timeout_s: float = 600.0
+
+    @property
+    def sample_tokens(self) -> int:
+        """The most tokens after the prompt of one sample (every turn and tool output of a
+        rollout function together)."""
+        if self.rollout_function and self.max_total_tokens:
+            return max(self.max_total_tokens, self.max_response_len)
+        return self.max_response_len
 
     # ------------------------------------------------------------------------------ build
 
@@ -237,7 +251,8 @@ class JobConfig:
                 input_key=data["input_key"], label_key=data["label_key"],
                 apply_chat_template=bool(data["apply_chat_template"]),
                 shuffle=bool(data.get("shuffle", True)),
-                max_prompt_len=int(rollout["max_prompt_len"]), seed=int(exp["seed"])),
+                max_prompt_len=int(rollout["max_prompt_len"]), seed=int(exp["seed"]),
+                metadata_keys=tuple(data.get("metadata_keys") or ())),
             loss=LossConfig(
                 eps_clip=float(algo["eps_clip"]), eps_clip_high=float(algo["eps_clip_high"]),
                 kl_loss_coef=float(algo["kl_loss_coef"]),
@@ -285,6 +300,10 @@ class JobConfig:
             reward_timeout_s=float(rollout.get("reward_timeout_s", 300.0)),
             keep_last=int(spec["checkpoint"].get("keep_last", 0)),
             on_corrupt=spec["checkpoint"].get("on_corrupt", "stop"),
+            rollout_function=rollout.get("function"),
+            max_turns=int(rollout.get("max_turns") or 8),
+            max_total_tokens=int(rollout.get("max_total_tokens") or 0),
+            function_timeout_s=float(rollout.get("function_timeout_s") or 600.0),
         )
 
     # ----------------------------------------------------------------------------- slices
@@ -318,7 +337,7 @@ class JobConfig:
             backend=self.rollout_backend, engine=index,
             gpus=tuple((g["node"], g["gpu"]) for g in entry["gpus"]),
             tp=entry["tp"], dp=entry["dp"], ep=entry["ep"], model=self.model,
-            max_model_len=self.data.max_prompt_len + self.max_response_len,
+            max_model_len=self.data.max_prompt_len + self.sample_tokens,
             cpu_threads=cpu_threads, args=self.vllm_args, bundles=tuple(bundles),
             colocated=self.colocate)
 

@@ -32,7 +32,7 @@ import torch
 from runtime.core import algorithm
 from runtime.core.interfaces import GenerationRequest, SamplingParams, TrainBatch
 from runtime.core.slices import JobConfig
-from runtime.rl import guards, rewards
+from runtime.rl import custom_rollout, guards, rewards
 from runtime.rl.checkpoint import Checkpoints, record_of
 from runtime.rl.data import PromptSampler
 from runtime.rl.metrics import MetricsLogger
@@ -42,11 +42,14 @@ from runtime.rl.metrics import MetricsLogger
 MAX_LOGPROB_GAP = 0.5
 
 
-def logprob_gap(actor: list[list[float]], engine: list[list[float]]) -> dict[str, float]:
+def logprob_gap(actor: list[list[float]], engine: list[list[float]],
+                loss_mask: list[list[int]] | None = None) -> dict[str, float]:
     """The gap between the actor's log-probs of the sampled tokens (on the weights the engine
-    generated with) and the engine's own: mean and max of |difference| per response token."""
-    diffs = [abs(a - e) for row_a, row_e in zip(actor, engine, strict=True)
-             for a, e in zip(row_a, row_e, strict=True)]
+    generated with) and the engine's own: mean and max of |difference| per response token
+    the policy wrote (loss_mask's ones: a tool's tokens have no engine log-prob)."""
+    masks = loss_mask or [[1] * len(row) for row in actor]
+    diffs = [abs(a - e) for row_a, row_e, row_m in zip(actor, engine, masks, strict=True)
+             for a, e, m in zip(row_a, row_e, row_m, strict=True) if m]
     if not diffs:
         return {"rollout/logprob_abs_diff": 0.0, "rollout/logprob_abs_diff_max": 0.0}
     return {"rollout/logprob_abs_diff": statistics.fmean(diffs),
@@ -73,7 +76,7 @@ class Timer:
 class GRPOLoop:
     def __init__(self, config: JobConfig, train, rollout, sampler: PromptSampler, tokenizer,
                  reward_fn: Callable, metrics: MetricsLogger, checkpoints: Checkpoints,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, rollout_fn: Callable | None = None):
         self.config, self.train, self.rollout = config, train, rollout
         self.sampler, self.tokenizer, self.reward_fn = sampler, tokenizer, reward_fn
         self.metrics, self.checkpoints, self.log = metrics, checkpoints, log
@@ -84,7 +87,11 @@ class GRPOLoop:
             return_routed_experts=bool(config.train["routing_replay"]))
         self.version = 0
         self.next_rollout = 0
-        self.score = rewards.RewardCaller(reward_fn, config.reward_timeout_s, log)
+        self.score = rewards.caller(reward_fn, config.reward_timeout_s, log)
+        # rollout.function: multi-turn samples from the user's function (custom_rollout.py)
+        self.custom = None if rollout_fn is None else custom_rollout.CustomRollout(
+            rollout_fn, self.rollout.generate, tokenizer, self.params, config.max_turns,
+            config.sample_tokens, config.function_timeout_s)
         self.pending_save = None  # prepared in one_rollout, committed after its metrics line
 
     # --------------------------------------------------------------------------- resume
@@ -147,8 +154,14 @@ class GRPOLoop:
         n = config.samples_per_prompt
         requests = [GenerationRequest(p.token_ids, request_seed(config.seed, rollout_id, i * n + j))
                     for i, p in enumerate(prompts) for j in range(n)]
+        returned: list = [None] * len(requests)  # rewards a rollout function returned
         with timer.phase("generate"):
-            generations = self.rollout.generate(requests, self.params)
+            if self.custom is None:
+                generations = self.rollout.generate(requests, self.params)
+            else:
+                custom = self.custom.run(prompts, [r.seed for r in requests], lambda i: (
+                    self.describe_sample(rollout_id, prompts, i).describe()))
+                generations, returned = custom.generations, custom.returned
         numbers: dict[str, float] = {"weight_version": self.version}
         if config.colocate:
             with timer.phase("offload"):
@@ -157,18 +170,34 @@ class GRPOLoop:
             numbers["memory/engine_bytes_while_training"] = self.rollout.resident_bytes()
 
         with timer.phase("reward"):
-            scores, extras = [], {}
-            for index, generation in enumerate(generations):
+            scored: dict[int, tuple[float, dict]] = {
+                i: rewards.score(r) for i, r in enumerate(returned) if r is not None}
+            to_score = [i for i in range(len(generations)) if i not in scored]
+            calls = []
+            for index in to_score:
                 prompt = prompts[index // n]
-                text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-                value, extra = self.score(self.describe_sample(rollout_id, prompts, index),
-                                          prompt=prompt.text, response=text, label=prompt.label)
+                call = {"prompt": prompt.text, "label": prompt.label, "response":
+                        self.tokenizer.decode(generations[index].token_ids,
+                                              skip_special_tokens=True)}
+                if config.data.metadata_keys:
+                    call["metadata"] = prompt.metadata
+                calls.append(call)
+            scored.update(zip(to_score, self.score.score_many(
+                [self.describe_sample(rollout_id, prompts, i) for i in to_score], calls),
+                strict=True))
+            scores, extras = [], {}
+            for index in range(len(generations)):
+                value, extra = scored[index]
                 scores.append(value)
                 for key, number in extra.items():
                     extras.setdefault(key, []).append(number)
+            loss_mask = ([g.loss_mask or [1] * len(g.token_ids) for g in generations]
+                         if self.custom is not None else None)
             advantages = algorithm.advantages(
                 torch.tensor(scores), n, config.loss.advantage_estimator,
-                config.std_normalization, [len(g.token_ids) for g in generations]).tolist()
+                config.std_normalization,
+                [sum(m) for m in loss_mask] if loss_mask
+                else [len(g.token_ids) for g in generations]).tolist()
 
         batch = TrainBatch(
             tokens=[list(r.prompt_ids) + g.token_ids for r, g in zip(requests, generations,
@@ -176,7 +205,8 @@ class GRPOLoop:
             prompt_lens=[len(r.prompt_ids) for r in requests], advantages=advantages,
             rollout_log_probs=[g.log_probs for g in generations],
             routed_experts=([g.routed_experts for g in generations]
-                            if self.params.return_routed_experts else None))
+                            if self.params.return_routed_experts else None),
+            loss_mask=loss_mask)
         with timer.phase("log_probs"):
             batch.old_log_probs = self.train.log_probs(batch, "actor")
             if config.needs_ref:
@@ -184,7 +214,7 @@ class GRPOLoop:
         guards.check_batch(rollout_id, batch.advantages,
                            {"actor": batch.old_log_probs, "reference": batch.ref_log_probs},
                            lambda i: self.describe_sample(rollout_id, prompts, i).describe())
-        numbers.update(logprob_gap(batch.old_log_probs, batch.rollout_log_probs))
+        numbers.update(logprob_gap(batch.old_log_probs, batch.rollout_log_probs, loss_mask))
         if numbers["rollout/logprob_abs_diff"] > MAX_LOGPROB_GAP:
             self.log(f"vime: rollout {rollout_id}: the engine's log-probs differ from the "
                      f"actor's by {numbers['rollout/logprob_abs_diff']:.3f} per token on the "
@@ -196,7 +226,7 @@ class GRPOLoop:
             size = config.global_batch_size
             for step in range(config.steps_per_rollout):
                 step_batch = batch.select(range(step * size, (step + 1) * size))
-                step_batch.step_response_tokens = sum(step_batch.response_lens())
+                step_batch.step_response_tokens = sum(step_batch.trained_tokens())
                 step_batch.step_samples = len(step_batch)
                 step_stats.append(self.train.train_step(step_batch))
         trained_tokens = sum(len(t) for t in batch.tokens[:config.steps_per_rollout * size])
@@ -235,6 +265,11 @@ class GRPOLoop:
                 g.finish_reason == "length" for g in generations),
             "samples": len(generations), "data/epoch": self.sampler.epoch,
         })
+        if self.custom is not None:
+            # the share of after-prompt tokens that came from tools (context, not trained)
+            numbers["rollout/masked_token_share"] = 1.0 - sum(map(sum, loss_mask)) / max(
+                sum(response_lens), 1)
+            numbers["rollout/turns_mean"] = statistics.fmean(custom.turns)
         # runtime/workers/supervisor.py: engines replaced so far
         if hasattr(self.rollout, "restarts"):
             numbers["rollout/engine_restarts"] = sum(self.rollout.restarts)

@@ -110,19 +110,23 @@ def vllm_tp_vs_kv_heads(spec: Spec):
 def context_fits_model(spec: Spec):
     """Prompt plus response must fit the model's context length.
 
-    vime gives vLLM max_model_len = max_prompt_len + max_response_len. vLLM raises
+    vime gives vLLM max_model_len = max_prompt_len + max_response_len (with a rollout
+    function, max_prompt_len + max_total_tokens: every turn and tool output). vLLM raises
     "ValueError: User-specified max_model_len (X) is greater than the derived
     max_model_len (max_position_embeddings=Y ...)" at engine start unless
     VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
     Fix: shorter max_prompt_len or max_response_len, or a model with a longer context."""
     roll, limit = spec.rollout, spec.arch.max_position_embeddings
-    total = roll.max_prompt_len + roll.max_response_len
+    total = roll.max_prompt_len + roll.sample_tokens
     if total > limit:
-        yield Finding("rollout.max_response_len",
-                      f"max_prompt_len + max_response_len = {roll.max_prompt_len} + "
-                      f"{roll.max_response_len} = {total} exceeds the model's "
+        # a rollout function's samples are max_total_tokens long after the prompt
+        key = ("max_total_tokens" if roll.sample_tokens != roll.max_response_len
+               else "max_response_len")
+        yield Finding(f"rollout.{key}",
+                      f"max_prompt_len + {key} = {roll.max_prompt_len} + "
+                      f"{roll.sample_tokens} = {total} exceeds the model's "
                       f"max_position_embeddings {limit}",
-                      help=f"max_response_len = {max(limit - roll.max_prompt_len, 1)}",
+                      help=f"{key} = {max(limit - roll.max_prompt_len, 1)}",
                       related=("rollout.max_prompt_len",))
 
 

@@ -91,6 +91,8 @@ class Data:
     label_key: str
     apply_chat_template: bool
     shuffle: bool
+    # keys of each row handed to a rollout function and the reward (None: none)
+    metadata_keys: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,19 @@ class Rollout:
     top_p: float
     reward: str
     reward_timeout_s: float
+    # a rollout function "module:function" and its limits (None: single-turn generation)
+    function: str | None = None
+    max_turns: int | None = None
+    max_total_tokens: int | None = None
+    function_timeout_s: float | None = None
+
+    @property
+    def sample_tokens(self) -> int:
+        """The most tokens after the prompt of one sample: max_response_len, or with a
+        rollout function max_total_tokens (every turn and tool output together)."""
+        if self.function and self.max_total_tokens:
+            return max(self.max_total_tokens, self.max_response_len)
+        return self.max_response_len
 
 
 @dataclass(frozen=True)
