@@ -46,8 +46,9 @@ class RewardServer:
                             log)
 
     def _post(self, payload: bytes, first: str, count: int) -> list:
-        problem = ""
+        problem, attempts = "", 0
         for attempt in range(self.retries + 1):
+            attempts = attempt + 1
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             request = urllib.request.Request(self.url, data=payload, method="POST",
@@ -77,7 +78,7 @@ class RewardServer:
                     f"score(s) for a batch of {count} from {first}")
             return scores
         raise RewardServerError(
-            f"reward server {self.name} failed {self.retries + 1} time(s) for the batch of "
+            f"reward server {self.name} failed {attempts} time(s) for the batch of "
             f"{count} sample(s) from {first}: {problem}; is it running and "
             "reachable from the head node? (rollout.reward_timeout_s = "
             f"{self.timeout_s:g} s per request)")
