@@ -16,6 +16,7 @@ from runtimekit import ROOT, compile_spec, in_process_loop, metrics, sets_for
 
 from runtime.core.interfaces import TrainBatch
 from runtime.core.slices import JobConfig
+from runtime.node.preflight import function_problem
 from runtime.rl.custom_rollout import RolloutFunctionError
 
 TOOLS = ROOT / "specs" / "tiny_cpu_tools.toml"
@@ -140,3 +141,11 @@ def test_metadata_keys_reach_the_function_and_a_missing_one_names_the_line(tmp_p
     config = tools_config(tmp_path, data__prompt_data=json.dumps(str(data)))
     with pytest.raises(ValueError, match=r"rows.jsonl:2: no key 'operands'"):
         in_process_loop(config)
+
+
+def test_preflight_names_a_function_missing_or_not_async():
+    assert function_problem("runtime.toy_tools:rollout") is None
+    assert function_problem(None) is None
+    assert "is not an `async def` function" in function_problem("runtime.toy:reward")
+    assert "runtime.toy_tools has no rollouts" in function_problem("runtime.toy_tools:rollouts")
+    assert "cannot import no_such_module" in function_problem("no_such_module:rollout")
