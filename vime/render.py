@@ -222,8 +222,51 @@ def plan_text(plan: Plan) -> str:
                    f"{batch.micro_batch_size}")
     out.append(f"  {plural(spec.rollout.num_rollout, 'rollout')} → "
                f"{plural(spec.rollout.num_rollout * batch.steps_per_rollout, 'optimizer step')}")
+    out += _sampling_lines(spec)
+    out += _eval_lines(spec)
     out += _memory_text(plan)
     return "\n".join(out) + "\n"
+
+
+def _sampling_lines(spec) -> list[str]:
+    """Dynamic sampling and overlong handling, when on."""
+    roll, out = spec.rollout, []
+    if roll.dynamic_sampling:
+        extra = f", then {roll.dynamic_sampling_filter}" if roll.dynamic_sampling_filter else ""
+        out.append(f"  dynamic sampling: groups of equal rewards dropped{extra}; refilled by "
+                   f"{plural(roll.over_sampling_batch_size, 'prompt')} per attempt, at most "
+                   f"{plural(roll.dynamic_sampling_max_attempts, 'attempt')} per rollout")
+    if roll.overlong == "mask":
+        out.append(f"  overlong: responses cut at {roll.max_response_len} tokens get advantage 0")
+    elif roll.overlong == "penalty":
+        start = roll.max_response_len - roll.overlong_buffer_len
+        out.append(f"  overlong: reward − (length − {start}) ÷ {roll.overlong_buffer_len} × "
+                   f"{roll.overlong_penalty_factor:g} beyond {start} tokens")
+    return out
+
+
+def _eval_lines(spec) -> list[str]:
+    """The evaluation batch: when, and each dataset's samples and sampling."""
+    ev = spec.eval
+    if not ev.datasets:
+        return []
+    when = [f"every {plural(ev.interval, 'rollout')}"] if ev.interval else []
+    when += ["at start"] * ev.at_start + ["at end"] * ev.at_end
+    out = ["", f"eval ({', '.join(when) or 'never: no interval, at_start or at_end'}); "
+           f"engines' max_model_len {spec.max_model_len}"]
+    for d in ev.datasets:
+        ks = ", ".join(str(k) for k in pass_at_ks(d.n_samples_per_prompt))
+        out.append(f"  {d.name}: {d.prompt_data}, reward {d.reward}")
+        out.append(f"    {plural(d.n_samples_per_prompt, 'sample')} per prompt, ≤ "
+                   f"{d.max_response_len} response tokens, temperature {d.temperature:g}, "
+                   f"top-p {d.top_p:g}; pass@k for k = {ks}")
+    return out
+
+
+def pass_at_ks(n: int) -> list[int]:
+    """The k of pass@k reported for n samples per prompt: 1, 2, 4, ... and n."""
+    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    return ks if ks[-1] == n else [*ks, n]
 
 
 def _memory_text(plan: Plan) -> list[str]:

@@ -50,6 +50,7 @@ class MetricsLogger:
         with open(self.path, "a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
         parts = [fmt.format(numbers[key]) for key, fmt in CONSOLE if key in numbers]
+        parts += eval_parts(numbers)
         self.print(f"rollout {rollout_id:5d} | " + " | ".join(parts))
         if self.tensorboard is not None:
             for key, value in numbers.items():
@@ -63,6 +64,19 @@ class MetricsLogger:
             self.tensorboard.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def eval_parts(numbers: dict[str, float]) -> list[str]:
+    """The console's words for eval metrics: each dataset's accuracy and its largest pass@k."""
+    parts = []
+    for key in sorted(numbers):
+        if key.startswith("eval/") and key.endswith("/acc"):
+            name = key[len("eval/"):-len("/acc")]
+            ks = [int(k.rsplit("@", 1)[1]) for k in numbers
+                  if k.startswith(f"eval/{name}/pass@")]
+            best = f" pass@{max(ks)} {numbers[f'eval/{name}/pass@{max(ks)}']:.2f}" if ks else ""
+            parts.append(f"eval {name} acc {numbers[key]:.2f}{best}")
+    return parts
 
 
 def _plain(value):
@@ -95,13 +109,21 @@ def _started(job_dir: Path) -> float:
 
 
 def table(records: list[dict]) -> str:
-    lines = ["| rollout | job | reward | acc | response len | clip frac | time (s) |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    for r in records:
-        acc = r.get("reward/acc")
-        lines.append(f"| {r['rollout']} | {r['job']} | {r['reward/mean']:.3f} | "
-                     f"{'' if acc is None else f'{acc:.2f}'} | {r['response_len/mean']:.1f} | "
-                     f"{r.get('train/clip_fraction', 0):.3f} | {r['time/rollout']:.2f} |")
+    evals = sorted({k for r in records for k in r
+                    if k.startswith("eval/") and (k.endswith("/acc") or "/pass@" in k)})
+    lines = ["| rollout | job | reward | acc | response len | clip frac | time (s) |"
+             + "".join(f" {k[len('eval/'):]} |" for k in evals),
+             "|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(evals)]
+
+    def cell(record: dict, key: str, fmt: str) -> str:
+        value = record.get(key)
+        return "" if value is None else format(value, fmt)
+
+    for r in records:  # the final evaluation's record has eval numbers only
+        lines.append(f"| {r['rollout']} | {r['job']} | {cell(r, 'reward/mean', '.3f')} | "
+                     f"{cell(r, 'reward/acc', '.2f')} | {cell(r, 'response_len/mean', '.1f')} | "
+                     f"{cell(r, 'train/clip_fraction', '.3f')} | {cell(r, 'time/rollout', '.2f')} |"
+                     + "".join(f" {cell(r, k, '.3f')} |" for k in evals))
     return "\n".join(lines)
 
 
