@@ -233,9 +233,10 @@ def _sampling_lines(spec) -> list[str]:
     roll, out = spec.rollout, []
     if roll.dynamic_sampling:
         extra = f", then {roll.dynamic_sampling_filter}" if roll.dynamic_sampling_filter else ""
-        out.append(f"  dynamic sampling: groups of equal rewards dropped{extra}; refilled by "
-                   f"{plural(roll.over_sampling_batch_size, 'prompt')} per attempt, at most "
-                   f"{plural(roll.dynamic_sampling_max_attempts, 'attempt')} per rollout")
+        out.append(f"  dynamic sampling: groups of equal rewards dropped{extra}")
+        out.append(f"    refilled by {plural(roll.over_sampling_batch_size, 'prompt')} per "
+                   f"attempt, at most {plural(roll.dynamic_sampling_max_attempts, 'attempt')} "
+                   "per rollout")
     if roll.overlong == "mask":
         out.append(f"  overlong: responses cut at {roll.max_response_len} tokens get advantage 0")
     elif roll.overlong == "penalty":
@@ -255,11 +256,11 @@ def _eval_lines(spec) -> list[str]:
     out = ["", f"eval ({', '.join(when) or 'never: no interval, at_start or at_end'}); "
            f"engines' max_model_len {spec.max_model_len}"]
     for d in ev.datasets:
-        ks = ", ".join(str(k) for k in pass_at_ks(d.n_samples_per_prompt))
+        ks = ",".join(str(k) for k in pass_at_ks(d.n_samples_per_prompt))
         out.append(f"  {d.name}: {d.prompt_data}, reward {d.reward}")
         out.append(f"    {plural(d.n_samples_per_prompt, 'sample')} per prompt, ≤ "
-                   f"{d.max_response_len} response tokens, temperature {d.temperature:g}, "
-                   f"top-p {d.top_p:g}; pass@k for k = {ks}")
+                   f"{d.max_response_len} tokens, temperature {d.temperature:g}, "
+                   f"top-p {d.top_p:g}; pass@{ks}")
     return out
 
 

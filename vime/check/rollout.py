@@ -144,7 +144,7 @@ VIME_VLLM_FLAGS: dict[str, str | None] = {
     "-ep": "inference.expert_parallel",
     "--enable-eplb": "inference.eplb.enabled", "--eplb-config": "[inference.eplb]",
     "--gpu-memory-utilization": "inference.gpu_memory_utilization",
-    "--max-model-len": "rollout.max_prompt_len and max_response_len (and eval's)",
+    "--max-model-len": "rollout.max_prompt_len and max_response_len",
     "--cudagraph-capture-sizes": "inference.cudagraph_capture_sizes",
     "--moe-backend": "inference.moe_backend",
     "--enable-sleep-mode": "train.colocate",
