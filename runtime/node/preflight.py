@@ -9,6 +9,8 @@ Ray starts (issue 15: a missing prompt file was found after the queue wait and 4
   the head's own process, where the driver imports it anyway (runtime/rl/rewards.py): the
   same module a little earlier, with the driver's own message. A misspelt built-in name is
   V906 at compile time and never reaches a job.
+- the same for each [[eval.datasets]] table's prompt_data and reward, and for
+  rollout.dynamic_sampling_filter when dynamic sampling is on.
 
 Another driver (VIME_DRIVER) may read no prompts and no reward: nothing is checked then.
 """
@@ -20,7 +22,7 @@ import tomllib
 from pathlib import Path
 
 from runtime.core.slices import _path, _spec_dir
-from runtime.rl import rewards
+from runtime.rl import rewards, sampling
 
 
 class PreflightError(RuntimeError):
@@ -51,11 +53,36 @@ def reward_problem(name: str) -> str | None:
     return None
 
 
+def eval_and_filter_problem(spec: dict, spec_dir: Path) -> str | None:
+    """The first eval dataset whose prompts do not open or whose reward does not import, or
+    a dynamic-sampling filter that does not import; None when there is none."""
+    for index, dataset in enumerate(spec.get("eval", {}).get("datasets", [])):
+        key = f"eval.datasets[{index}]"
+        problem = prompt_data_problem(dataset["prompt_data"], spec_dir)
+        if problem:
+            return problem.replace("data.prompt_data", f"{key}.prompt_data", 1)
+        problem = reward_problem(dataset["reward"])
+        if problem:
+            return f"{key}: {problem}"
+    rollout = spec["rollout"]
+    name = rollout.get("dynamic_sampling_filter")
+    if name and rollout.get("dynamic_sampling"):
+        try:
+            sampling.load_filter(name)
+        except ValueError as err:
+            return str(err)
+        except Exception as err:  # the module's own code failed on import
+            return (f"rollout.dynamic_sampling_filter = {name!r}: importing it failed: "
+                    f"{type(err).__name__}: {err}")
+    return None
+
+
 def check_job(job_dir: Path) -> None:
     """Raises PreflightError with the first problem of the job folder's spec."""
     plan = json.loads((job_dir / "plan.json").read_text())
     spec = tomllib.loads((job_dir / "resolved.toml").read_text())
     problem = (prompt_data_problem(spec["data"]["prompt_data"], _spec_dir(plan, job_dir))
-               or reward_problem(spec["rollout"]["reward"]))
+               or reward_problem(spec["rollout"]["reward"])
+               or eval_and_filter_problem(spec, _spec_dir(plan, job_dir)))
     if problem:
         raise PreflightError(problem)

@@ -146,3 +146,25 @@ def test_without_dynamic_sampling_every_group_is_kept_in_one_attempt():
     assert refill.next_size() == 2
     refill.add([_group([1, 1]), _group([0, 0])])
     assert refill.next_size() == 0 and len(refill.batch()) == 2 and refill.numbers() == {}
+
+
+# ------------------------------------------------------------------------------- preflight
+
+def test_preflight_names_an_eval_dataset_or_a_filter_that_a_job_would_stop_on(tmp_path):
+    from runtime.node.preflight import eval_and_filter_problem
+
+    prompts = tmp_path / "aime.jsonl"
+    prompts.write_text('{"prompt": "1 + 1?", "label": "2"}\n')
+    rollout = {"dynamic_sampling": True, "dynamic_sampling_filter": "no_such_filters:keep"}
+
+    def spec(path, reward="deepscaler", **changes):
+        return {"eval": {"datasets": [{"prompt_data": str(path), "reward": reward}]},
+                "rollout": {**rollout, **changes}}
+
+    assert "eval.datasets[0].prompt_data: " in eval_and_filter_problem(
+        spec(tmp_path / "missing.jsonl"), tmp_path)
+    assert eval_and_filter_problem(spec(prompts, "no_such_rewards:score"), tmp_path) \
+        .startswith("eval.datasets[0]: rollout.reward = 'no_such_rewards:score': cannot import")
+    assert "dynamic_sampling_filter = 'no_such_filters:keep': cannot import" in \
+        eval_and_filter_problem(spec(prompts), tmp_path)
+    assert eval_and_filter_problem(spec(prompts, dynamic_sampling=False), tmp_path) is None
