@@ -40,7 +40,7 @@ from runtime.rl.checkpoint import Checkpoints, record_of
 from runtime.rl.data import PromptSampler, request_seed
 from runtime.rl.evaluation import Evaluator
 from runtime.rl.metrics import MetricsLogger
-from runtime.rl.sampling import Group, Refill, load_filter, overlong_penalty
+from runtime.rl.sampling import Group, Refill, load_filter, mask_overlong, overlong_penalty
 
 # mean |actor - engine| log-prob per response token on the same weights above which the loop
 # says the engine is not generating with them (bf16 engines and actors differ by ~0.01-0.05)
@@ -91,15 +91,6 @@ class GRPOLoop:
                              else None)
         self.version = 0
         self.next_rollout = 0
-
-    def mask_overlong(self, advantages: list[float], generations) -> list[float]:
-        """With rollout.overlong = "mask", advantage 0 for responses cut at max_response_len:
-        no policy-gradient term (DAPO's overlong filtering; the KL and entropy terms still
-        see their tokens)."""
-        if self.config.sampling.overlong != "mask":
-            return advantages
-        return [0.0 if g.finish_reason == "length" else a
-                for a, g in zip(advantages, generations, strict=True)]
 
     # --------------------------------------------------------------------------- resume
 
@@ -210,7 +201,8 @@ class GRPOLoop:
                     extras.setdefault(key, []).extend(values)
             advantages = algorithm.group_advantages(torch.tensor(scores), n,
                                                     config.std_normalization).tolist()
-            advantages = self.mask_overlong(advantages, generations)
+            if config.sampling.overlong == "mask":
+                advantages = mask_overlong(advantages, generations)
 
         batch = TrainBatch(
             tokens=[list(r.prompt_ids) + g.token_ids for r, g in zip(requests, generations,
@@ -284,7 +276,8 @@ class GRPOLoop:
             numbers["reward/overlong_penalty"] = statistics.fmean(
                 s - r for g in groups for s, r in zip(g.scores, g.rewards, strict=True))
         numbers.update(_train_numbers(step_stats, config.needs_ref))
-        numbers["throughput/generate_tokens_per_s"] = sum(response_lens) / max(
+        generated_tokens = sum(len(x.token_ids) for g in every for x in g.generations)
+        numbers["throughput/generate_tokens_per_s"] = generated_tokens / max(
             timer.seconds["generate"], 1e-9)
         numbers["throughput/train_tokens_per_s"] = trained_tokens / max(timer.seconds["train"],
                                                                         1e-9)

@@ -4,6 +4,7 @@ The loop (runtime/rl/loop.py, GRPOLoop.sample_groups) generates groups of n samp
 prompt, scores them, and asks this module
 
     overlong_penalty   DAPO's soft overlong punishment, added to a sample's reward
+    mask_overlong      advantage 0 for responses cut at max_response_len
     keeps              whether a group teaches anything (its rewards differ) and passes the
                        user's filter (rollout.dynamic_sampling_filter)
     Refill             when to stop generating: batch_size groups kept, or the attempt bound
@@ -30,6 +31,14 @@ def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) 
     if length <= start:
         return 0.0
     return -min(length - start, buffer_len) / buffer_len * factor
+
+
+def mask_overlong(advantages: list[float], generations) -> list[float]:
+    """Advantage 0 for responses cut at max_response_len (finish reason "length"): no
+    policy-gradient term for them (DAPO's overlong filtering, rollout.overlong = "mask"); the
+    KL and entropy terms still see their tokens."""
+    return [0.0 if g.finish_reason == "length" else a
+            for a, g in zip(advantages, generations, strict=True)]
 
 
 @dataclass

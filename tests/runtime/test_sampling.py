@@ -13,7 +13,7 @@ import pytest
 from runtime.core.slices import SamplingPolicy
 from runtime.rl.data import Prompt
 from runtime.rl.evaluation import is_correct, pass_at_k, summarise
-from runtime.rl.sampling import Group, Refill, keeps, load_filter, overlong_penalty
+from runtime.rl.sampling import Group, Refill, keeps, load_filter, mask_overlong, overlong_penalty
 from vime.render import pass_at_ks
 
 
@@ -73,6 +73,11 @@ def test_summary_averages_pass_at_k_over_prompts():
 def test_soft_overlong_penalty_is_dapos_linear_ramp(length, expected):
     # DAPO eq. 13: ((L_max - L_cache) - |y|) / L_cache inside the buffer, times the factor
     assert overlong_penalty(length, max_len=20, buffer_len=4, factor=0.5) == pytest.approx(expected)
+
+
+def test_mask_zeroes_the_advantage_of_cut_responses_only():
+    cut, ended = (types.SimpleNamespace(finish_reason=r) for r in ("length", "stop"))
+    assert mask_overlong([0.5, -1.0, 2.0], [cut, ended, cut]) == [0.0, -1.0, 0.0]
 
 
 # ---------------------------------------------------------------------------------- filter
