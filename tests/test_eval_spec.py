@@ -59,3 +59,19 @@ def test_plan_shows_the_eval_batch_and_dynamic_sampling(capsys):
     assert "eval (every 20 rollouts, at start, at end); engines' max_model_len 17408" in out
     assert "16 samples per prompt, ≤ 16384 tokens, temperature 1, top-p 1; pass@1,2,4,8,16" in out
     assert "refilled by 8 prompts per attempt, at most 4 attempts per rollout" in out
+
+
+def test_progress_lines_show_each_eval_and_the_final_weights_apart(tmp_path):
+    from vime.launch.progress import Progress, rollout_line
+
+    evaluated = {"eval/aime/acc": 0.25, "eval/aime/pass@1": 0.25, "eval/aime/pass@16": 0.5,
+                 "eval/math/acc": 0.5}
+    line = rollout_line({"rollout": 20, "reward/mean": 0.4, **evaluated}, 40, None)
+    assert "reward 0.400 | eval aime acc 0.25 pass@16 0.50 | eval math acc 0.50 | ETA" in line
+    assert rollout_line({"rollout": 40, **evaluated}, 40, None) == \
+        "final weights | eval aime acc 0.25 pass@16 0.50 | eval math acc 0.50"
+    progress = Progress(tmp_path, 2, quiet=True, started=0.0)
+    progress.records = [{"rollout": 0, "reward/mean": 0.1}, {"rollout": 1, "reward/mean": 0.3},
+                        {"rollout": 2, **evaluated}]
+    assert "rollouts 0 to 1 of 2" in progress.summary(until=60.0)
+    assert "reward 0.100 -> 0.300" in progress.summary(until=60.0)

@@ -47,6 +47,16 @@ def is_correct(score: float, extra: dict[str, float]) -> bool:
     return extra["acc"] >= 1.0 if "acc" in extra else score > 0
 
 
+def due(config: EvalConfig, rollout_id: int, num_rollout: int) -> bool:
+    """Whether an evaluation precedes rollout `rollout_id`: rollout 0 with at_start, the final
+    weights (rollout_id == num_rollout) with at_end, others every `interval` rollouts."""
+    if rollout_id == 0:
+        return config.at_start
+    if rollout_id == num_rollout:
+        return config.at_end
+    return bool(config.interval) and rollout_id % config.interval == 0
+
+
 @dataclass(frozen=True)
 class EvalSet:
     """One dataset ready to evaluate: its prompts (tokenized once) and its reward."""
@@ -87,15 +97,7 @@ class Evaluator:
     def due(self, rollout_id: int, num_rollout: int) -> bool:
         """Whether to evaluate the weights rollout `rollout_id` generates with (rollout
         num_rollout: the final weights)."""
-        if not self.sets:
-            return False
-        interval = self.config.interval
-        periodic = bool(interval) and rollout_id % interval == 0
-        if rollout_id == 0:
-            return self.config.at_start
-        if rollout_id == num_rollout:
-            return self.config.at_end or periodic
-        return periodic
+        return bool(self.sets) and due(self.config, rollout_id, num_rollout)
 
     def run(self, rollout, rollout_id: int) -> dict[str, float]:
         """Generate every dataset on the rollout group's engines and score it."""

@@ -13,6 +13,8 @@ import math
 import sys
 from pathlib import Path
 
+from vime.launch.progress import eval_parts
+
 CONSOLE = (("reward/mean", "reward {:.3f}"), ("reward/acc", "acc {:.2f}"),
            ("response_len/mean", "len {:.1f}"), ("train/clip_fraction", "clip {:.3f}"),
            ("train/kl", "kl {:.4f}"), ("train/entropy", "ent {:.3f}"),
@@ -64,19 +66,6 @@ class MetricsLogger:
             self.tensorboard.close()
         if self.wandb is not None:
             self.wandb.finish()
-
-
-def eval_parts(numbers: dict[str, float]) -> list[str]:
-    """The console's words for eval metrics: each dataset's accuracy and its largest pass@k."""
-    parts = []
-    for key in sorted(numbers):
-        if key.startswith("eval/") and key.endswith("/acc"):
-            name = key[len("eval/"):-len("/acc")]
-            ks = [int(k.rsplit("@", 1)[1]) for k in numbers
-                  if k.startswith(f"eval/{name}/pass@")]
-            best = f" pass@{max(ks)} {numbers[f'eval/{name}/pass@{max(ks)}']:.2f}" if ks else ""
-            parts.append(f"eval {name} acc {numbers[key]:.2f}{best}")
-    return parts
 
 
 def _plain(value):

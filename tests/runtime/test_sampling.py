@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from runtime.core.slices import SamplingPolicy
+from runtime.core.slices import EvalConfig, SamplingPolicy
 from runtime.rl.data import Prompt
-from runtime.rl.evaluation import is_correct, pass_at_k, summarise
+from runtime.rl.evaluation import due, is_correct, pass_at_k, summarise
 from runtime.rl.sampling import Group, Refill, keeps, load_filter, mask_overlong, overlong_penalty
 from vime.render import pass_at_ks
 
@@ -61,6 +61,16 @@ def test_summary_averages_pass_at_k_over_prompts():
     # a reward's "acc" decides over its score (dapo scores a wrong answer -1, right +1)
     assert is_correct(-1.0, {"acc": 0.0}) is False and is_correct(0.6, {"acc": 0.0}) is False
     assert is_correct(0.5, {}) is True and is_correct(0.0, {}) is False
+
+
+def test_evaluations_before_rollout_0_every_interval_and_after_the_last():
+    def evaluated(**keys):
+        return [r for r in range(41) if due(EvalConfig(**keys), r, 40)]
+
+    assert evaluated(interval=20) == [0, 20, 40]  # upstream: after rollouts 19 and 39
+    assert evaluated(interval=10, at_end=False) == [0, 10, 20, 30]
+    assert evaluated(interval=15, at_start=False) == [15, 30, 40]
+    assert evaluated(at_start=False, at_end=False) == []
 
 
 # ------------------------------------------------------------------------ overlong penalty
