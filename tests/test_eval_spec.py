@@ -66,8 +66,11 @@ def test_progress_lines_show_each_eval_and_the_final_weights_apart(tmp_path):
 
     evaluated = {"eval/aime/acc": 0.25, "eval/aime/pass@1": 0.25, "eval/aime/pass@16": 0.5,
                  "eval/math/acc": 0.5}
-    line = rollout_line({"rollout": 20, "reward/mean": 0.4, **evaluated}, 40, None)
-    assert "reward 0.400 | eval aime acc 0.25 pass@16 0.50 | eval math acc 0.50 | ETA" in line
+    line = rollout_line({"rollout": 20, "reward/mean": 0.4, "throughput/generate_tokens_per_s": 9,
+                         "time/generate": 1.5, **evaluated}, 40, None)
+    # after the phases: a line's words keep their order with or without an evaluation
+    assert "reward 0.400 | 9 tok/s | gen 1.50 s | eval aime acc 0.25 pass@16 0.50 | eval math " \
+        "acc 0.50 | ETA" in line
     assert rollout_line({"rollout": 40, **evaluated}, 40, None) == \
         "final weights | eval aime acc 0.25 pass@16 0.50 | eval math acc 0.50"
     progress = Progress(tmp_path, 2, quiet=True, started=0.0)

@@ -59,11 +59,11 @@ def rollout_line(record: dict, total: int, eta_s: float | None) -> str:
                      ("throughput/generate_tokens_per_s", "{:.0f} tok/s")):
         if record.get(key) is not None:
             parts.append(fmt.format(record[key]))
-    parts += eval_parts(record)
     phases = " ".join(f"{short} {record[f'time/{name}']:.2f}" for name, short in PHASES
                       if record.get(f"time/{name}") is not None)
     if phases:
         parts.append(f"{phases} s")
+    parts += eval_parts(record)
     parts.append("ETA " + (clock(eta_s) if eta_s is not None else "-"))
     return " | ".join(parts)
 
