@@ -152,3 +152,36 @@ def test_an_engine_that_keeps_stale_weights_shows_in_the_logprob_gap(tmp_path):
     assert gaps[0] < 1e-4 and gaps[-1] > 10 * max(gaps[0], 1e-6)
     assert all(r["rollout/logprob_abs_diff_max"] >= g
                for r, g in zip(metrics(config.job_dir), gaps, strict=True))
+
+
+def test_eval_metrics_and_an_exact_resume_with_dynamic_sampling(tmp_path):
+    keys = dict(rollout__num_rollout="4", checkpoint__save_interval="2", eval__interval="2",
+                rollout__dynamic_sampling="true", rollout__over_sampling_batch_size="4",
+                rollout__overlong='"mask"', eval__at_end="true")
+    straight, config = _run(tmp_path / "a", "straight", **keys)
+    first, _ = _run(tmp_path / "b", "first", **{**keys, "rollout__num_rollout": "2"})
+    resumed, resumed_config = _run(tmp_path / "b", "resumed", **keys)
+    expected = metrics(config.job_dir)
+    got = metrics(first.config.job_dir) + metrics(resumed_config.job_dir)
+    # rollouts 0-3, then the final weights' evaluation as rollout 4; the first job ends with
+    # its own final evaluation (rollout 2), which the resumed job repeats before rollout 2
+    assert [r["rollout"] for r in expected] == [0, 1, 2, 3, 4]
+    assert [r["rollout"] for r in got] == [0, 1, 2, 2, 3, 4]
+    del got[2]
+    evaluated = [r["rollout"] for r in expected if "eval/arith/pass@4" in r]
+    assert evaluated == [0, 2, 4]
+    assert set(expected[4]) >= {"eval/arith/acc", "eval/arith/pass@1", "eval/arith/pass@2",
+                                "eval/arith/reward", "eval/arith/response_len"}
+    assert 0 <= expected[0]["eval/arith/pass@1"] <= expected[0]["eval/arith/pass@4"] <= 1
+    # 4 prompts per attempt for 8 groups: at least 2 attempts each rollout
+    assert all(r["rollout/sampling_attempts"] >= 2 for r in expected[:4])
+    compared = (*COMPARED, "rollout/groups_kept", "rollout/groups_filtered",
+                "rollout/sampling_attempts", "eval/arith/reward", "eval/arith/pass@2")
+    for want, have in zip(expected, got, strict=True):
+        for key in compared:
+            if key in want:
+                assert have[key] == pytest.approx(want[key], abs=RESUME_TOLERANCE), \
+                    (want["rollout"], key)
+    a, b = _weights(straight), _weights(resumed)
+    assert max(float((a[n] - b[n]).abs().max()) for n in a) <= RESUME_TOLERANCE
+    assert resumed.sampler.state_dict() == straight.sampler.state_dict()

@@ -102,16 +102,21 @@ def kv_cache_fits(spec: Spec):
     "ValueError: To serve at least one request with the model's max seq len (L), (X GiB KV
     cache is needed, which is larger than the available KV cache memory (Y GiB)" or "No
     available memory for the cache blocks. Try increasing gpu_memory_utilization".
+    max_model_len is max_prompt_len plus the longest max_response_len of the rollout and of
+    the evaluation datasets, so one evaluation sequence must fit too.
     Fix: a higher gpu_memory_utilization, engines of more GPUs (weights split further), or
-    shorter max_prompt_len + max_response_len."""
+    shorter max_prompt_len + max_response_len (the rollout's or the evaluation's)."""
     plan = memory_plan(spec)
     if plan is None:
         return
     roll = plan.rollout
     if roll.kv_tokens < roll.max_len:
+        longest = ("rollout.max_response_len"
+                   if spec.rollout.max_prompt_len + spec.rollout.max_response_len == roll.max_len
+                   else "an eval dataset's max_response_len")
         yield Finding("inference.gpu_memory_utilization",
                       f"the KV cache has room for {roll.kv_tokens} tokens per GPU, less than one "
-                      f"sequence of max_prompt_len + max_response_len = {roll.max_len} "
+                      f"sequence of max_prompt_len + {longest} = {roll.max_len} "
                       f"({_gib(roll.kv_bytes_per_token * roll.max_len)} needed)",
                       help="raise gpu_memory_utilization, or gpus_per_engine, or shorten the "
                       "sequences", related=("inference.gpus_per_engine", "rollout.max_response_len"))

@@ -568,7 +568,7 @@ def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     kv = budget - weights - activation - graphs - non_torch  # the context is not in the budget
     kv_per_token = 2 * arch.num_layers * max(1, arch.num_kv_heads // d.vllm_tp) * arch.head_dim * 2
     kv_tokens = max(int(kv // kv_per_token), 0)
-    max_len = spec.rollout.max_prompt_len + spec.rollout.max_response_len
+    max_len = spec.max_model_len
     engines = max(d.num_engines, 1)
     # measured for engines of one GPU (the start-up log); with tp or ep > 1 an estimate
     one_gpu = d.vllm_tp == 1 and not inf.expert_parallel
