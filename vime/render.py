@@ -3,6 +3,8 @@ JSON lives in vime.emit.plan_json; all three read the same Diagnostic model."""
 
 from __future__ import annotations
 
+import textwrap
+
 from vime.diagnostics import Diagnostic
 from vime.plan import Plan
 from vime.plan.evidence import KINDS, LEGEND, MARKS
@@ -223,7 +225,18 @@ def plan_text(plan: Plan) -> str:
     out.append(f"  {plural(spec.rollout.num_rollout, 'rollout')} → "
                f"{plural(spec.rollout.num_rollout * batch.steps_per_rollout, 'optimizer step')}")
     out += _memory_text(plan)
+    out += _colocation_text(plan)
     return "\n".join(out) + "\n"
+
+
+def _colocation_text(plan: Plan) -> list[str]:
+    found = plan.colocation
+    if found is None:
+        return []
+    what = ("resident: no offload, no sleep" if found.mode == "resident"
+            else "taking turns: the actor offloads, the engines sleep")
+    return ["", f"colocation: {what} (train.offload = \"{found.setting}\")",
+            *textwrap.wrap(found.why, WIDTH - 2, initial_indent="  ", subsequent_indent="  ")]
 
 
 def _memory_text(plan: Plan) -> list[str]:

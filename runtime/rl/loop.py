@@ -14,7 +14,8 @@ colocated (the engines and the actor share the GPUs and take turns):
     actor offload                                 engines wake weights
     weights version v+1 pushed to every engine    engines wake KV cache
 
-Disaggregated runs skip the sleep/offload lines. Every number of a rollout is derived from
+Disaggregated runs skip the sleep/offload lines, and so do colocated ones whose actor and
+engines stay resident (plan.json's colocation.mode, from train.offload). Every number of a rollout is derived from
 (experiment.seed, rollout index, sample index) and the checkpointed state, so a resumed run
 repeats exactly what the uninterrupted one would have done.
 """
@@ -109,7 +110,7 @@ class GRPOLoop:
                      f"rollout.num_rollout = {config.num_rollout}")
             return
         start = time.perf_counter()
-        if config.colocate:
+        if config.takes_turns:
             self.train.offload()
         self.train.push_weights(self.rollout, self.version or 1,
                               config.weight_bucket_bytes)
@@ -130,7 +131,7 @@ class GRPOLoop:
         with timer.phase("generate"):
             generations = self.rollout.generate(requests, self.params)
         numbers: dict[str, float] = {"weight_version": self.version}
-        if config.colocate:
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.sleep(2)
                 self.train.onload()
@@ -183,7 +184,7 @@ class GRPOLoop:
                     "next_rollout": rollout_id + 1, "weight_version": self.version + 1,
                     "data": self.sampler.state_dict()}, record=record_of(config))
 
-        if config.colocate:
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.train.offload()
                 numbers["memory/actor_bytes_while_generating"] = self.train.resident_bytes()
@@ -194,7 +195,7 @@ class GRPOLoop:
         numbers["weight_sync/bytes"] = sent
         if hasattr(self.train, "export_seconds"):  # the part of the sync spent exporting
             numbers["weight_sync/export_s"] = self.train.export_seconds
-        if config.colocate:
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.wake(["kv_cache"])
 

@@ -72,6 +72,28 @@ def test_colocated_phases_free_the_device_of_the_side_that_waits(tmp_path):
     assert loop.rollout.resident_bytes() > 0 and loop.train.resident_bytes() > 0
 
 
+def test_a_resident_colocated_run_never_offloads_nor_sleeps(tmp_path):
+    _, _, config = job_config(tmp_path, "resident", rollout__num_rollout="2",
+                              train__offload='"never"')
+    assert config.colocate and config.resident and not config.takes_turns
+    loop = in_process_loop(config)
+    calls = []
+    for group, names in ((loop.train, ("offload", "onload")), (loop.rollout, ("sleep", "wake"))):
+        for name in names:
+            method = getattr(group, name)
+            setattr(group, name, lambda *a, _m=method, _n=name: (calls.append(_n), _m(*a))[1])
+    loop.restore()
+    loop.run()
+    assert calls == []
+    record = metrics(config.job_dir)[-1]
+    assert "time/offload" not in record and record["weight_version"] == 2
+    assert loop.rollout.resident_bytes() > 0 and loop.train.resident_bytes() > 0
+    # the same spec taking turns calls them every rollout
+    _, _, turns = job_config(tmp_path / "turns", "turns", rollout__num_rollout="1",
+                             train__offload='"always"')
+    assert turns.takes_turns
+
+
 def test_kl_loss_against_the_reference_and_the_entropy_bonus(tmp_path):
     # The torch backend's reference is its initial weights; V405 (vime/check/batch.py) asks
     # for Megatron's reference checkpoint whatever the backend, hence the placeholder.

@@ -94,7 +94,18 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
         "num_rollout": spec.rollout.num_rollout,
     }
     out["memory"] = _memory(plan)
+    out["colocation"] = _colocation(plan)
     return out
+
+
+def _colocation(plan: Plan) -> dict | None:
+    found = plan.colocation
+    if found is None:
+        return None
+    return {"mode": found.mode, "offload": found.setting, "why": found.why,
+            "actor_gib": None if found.actor_bytes is None else _gib(found.actor_bytes),
+            "engine_gib": None if found.engine_bytes is None else _gib(found.engine_bytes),
+            "fits": found.fits}
 
 
 def _node_lists(firsts: list[int], lasts: list[int]):
