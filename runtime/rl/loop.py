@@ -188,6 +188,7 @@ class GRPOLoop:
             with timer.phase("offload"):
                 self.train.offload()
                 numbers["memory/actor_bytes_while_generating"] = self.train.resident_bytes()
+                numbers.update(getattr(self.train, "moves", {}))  # a torchrun world has none
                 self.rollout.wake(["weights"])
         with timer.phase("weight_sync"):
             self.version += 1

@@ -64,6 +64,9 @@ def test_colocated_phases_free_the_device_of_the_side_that_waits(tmp_path):
         assert record["memory/engine_bytes_while_training"] == 0
         assert record["memory/actor_bytes_while_generating"] == 0
         assert record["time/offload"] > 0
+        # the actor's own share of it: what it held before, and both copies' seconds
+        assert record["offload/actor_gb"] > 0
+        assert record["offload/actor_out_s"] > 0 and record["offload/actor_in_s"] > 0
     loop, config = _run(tmp_path / "split", "split", rollout__num_rollout="2",
                         cluster__gpus_per_node="2", train__colocate="false",
                         train__num_gpus="1")
