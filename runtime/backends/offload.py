@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+# host buffers of at least this many bytes are pinned in place (their own pages: torch's CPU
+# allocator maps large blocks on their own); smaller ones come from torch's pinned allocator
+REGISTER_FROM_BYTES = 64 << 20
+
 
 @dataclass
 class _Slot:
@@ -50,11 +54,14 @@ class HostMirror:
         self._registered: list[torch.Tensor] = []  # pinned by cudaHostRegister, kept for good
 
     def _host_buffer(self, nbytes: int) -> torch.Tensor:
-        """A host buffer of nbytes, pinned in place with cudaHostRegister when pinning: torch's
-        pinned allocator rounds a block up to the next power of two below its threshold
-        (ATen/core/CachingHostAllocator.h), up to 2x the host memory for buffers kept
-        for the whole run."""
+        """A host buffer of nbytes, pinned when pinning. A large one is pinned in place with
+        cudaHostRegister: torch's pinned allocator rounds a block up to the next power of two
+        below its threshold (ATen/core/CachingHostAllocator.h), up to 2x the host memory for
+        buffers kept for the whole run. A small one comes from that allocator: registering
+        it would share a page with its neighbours, which CUDA refuses to register twice."""
         self.buffers_made += 1
+        if self.pin and nbytes < REGISTER_FROM_BYTES:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         buffer = torch.empty(nbytes, dtype=torch.uint8)
         if self.pin:
             error = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), nbytes, 0)
