@@ -226,7 +226,24 @@ def plan_text(plan: Plan) -> str:
                f"{plural(spec.rollout.num_rollout * batch.steps_per_rollout, 'optimizer step')}")
     out += _memory_text(plan)
     out += _colocation_text(plan)
+    out += _forecast_text(plan)
     return "\n".join(out) + "\n"
+
+
+def _forecast_text(plan: Plan) -> list[str]:
+    found = plan.forecast
+    if found is None:
+        return []
+    out = ["", f"step forecast per rollout ({found.mode}; every sample at max length): "
+           f"{found.total:.1f} s"]
+    for line in found.lines:
+        share = line.seconds / found.total if found.total else 0.0
+        text = (f"  {line.name:<12}{line.seconds:7.2f} s {share:4.0%} {line.basis.mark} "
+                f"{line.note}")
+        out.append(text if len(text) <= WIDTH else text[: WIDTH - 1] + "…")
+    out.append("  how each line was calibrated: docs/forecast.md; `vime plan --json`, "
+               "forecast.phases[].basis")
+    return out
 
 
 def _colocation_text(plan: Plan) -> list[str]:

@@ -180,10 +180,10 @@ def resident_fits(spec: Spec):
     CUDA out of memory" with the engine's KV cache beside it.
     Fix: train.offload = "auto" (they take turns when they do not fit), or a lower
     gpu_memory_utilization (the help gives the largest that fits)."""
-    from vime.plan.colocation import colocation, largest_resident_utilization
+    from vime.plan.colocation import largest_resident_utilization, plan_colocation
 
     memory = memory_plan(spec)
-    found = colocation(spec, memory)
+    found = plan_colocation(spec, memory)
     if found is None or found.setting != "never" or found.fits is not False:
         return
     best = largest_resident_utilization(spec, memory)

@@ -95,7 +95,19 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
     }
     out["memory"] = _memory(plan)
     out["colocation"] = _colocation(plan)
+    out["forecast"] = _forecast(plan)
     return out
+
+
+def _forecast(plan: Plan) -> dict | None:
+    found = plan.forecast
+    if found is None:
+        return None
+    return {"mode": found.mode, "total_s": round(found.total, 2),
+            "phases": [{"name": line.name, "seconds": round(line.seconds, 3), "note": line.note,
+                        "basis": {"kind": line.basis.kind, "evidence": line.basis.evidence,
+                                  "sources": list(line.basis.sources)}}
+                       for line in found.lines]}
 
 
 def _colocation(plan: Plan) -> dict | None:

@@ -67,7 +67,7 @@ def largest_resident_utilization(spec: Spec, memory: MemoryPlan) -> float:
     return max(int(room / memory.gpu_bytes * 100) / 100, 0.0)
 
 
-def colocation(spec: Spec, memory: MemoryPlan | None) -> Colocation | None:
+def plan_colocation(spec: Spec, memory: MemoryPlan | None) -> Colocation | None:
     """The mode of a colocated spec and why; None when actor and engines have GPUs of their
     own."""
     if not spec.train.colocate:
