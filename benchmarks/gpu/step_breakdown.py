@@ -250,6 +250,18 @@ def table(results: dict) -> list[str]:
         lines.append(f"sync floor: {s['gb']:.2f} GB, load_weights from device memory "
                      f"{s['load_weights_gb_s']:.1f} GB/s, inside a reload round "
                      f"{s['reload_round_gb_s']:.1f} GB/s")
+    for mode in MODES:
+        rows = (results.get(f"loop-{mode}") or {}).get("rows", [])[1:]  # the steady rollouts
+        pushes = [r["weight_sync/bytes"] / r["weight_sync"] / 1e9 for r in rows
+                  if r.get("weight_sync") and r.get("weight_sync/bytes")]
+        if pushes:
+            floor = f" (floor above: {s['load_weights_gb_s']:.1f})" if s else ""
+            lines.append(f"weight sync {mode}: {min(pushes):.1f}-{max(pushes):.1f} GB/s{floor}")
+        copies = [r["offload/actor_gb"] / r["offload/actor_out_s"] for r in rows
+                  if r.get("offload/actor_out_s")]
+        if copies:
+            lines.append(f"actor offload {mode}: {min(copies):.1f}-{max(copies):.1f} GB/s of the "
+                         "device bytes it held (gradients among them, freed not copied)")
     return lines
 
 
