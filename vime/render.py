@@ -3,6 +3,8 @@ JSON lives in vime.emit.plan_json; all three read the same Diagnostic model."""
 
 from __future__ import annotations
 
+import textwrap
+
 from vime.diagnostics import Diagnostic
 from vime.plan import Plan
 from vime.plan.evidence import KINDS, LEGEND, MARKS
@@ -227,6 +229,8 @@ def plan_text(plan: Plan) -> str:
     out += _sampling_lines(spec)
     out += _eval_lines(spec)
     out += _memory_text(plan)
+    out += _colocation_text(plan)
+    out += _forecast_text(plan)
     return "\n".join(out) + "\n"
 
 
@@ -285,6 +289,32 @@ def pass_at_ks(n: int) -> list[int]:
     """The k of pass@k reported for n samples per prompt: 1, 2, 4, ... and n."""
     ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
     return ks if ks[-1] == n else [*ks, n]
+
+
+def _forecast_text(plan: Plan) -> list[str]:
+    found = plan.forecast
+    if found is None:
+        return []
+    out = ["", f"step forecast per rollout ({found.mode}; every sample at max length): "
+           f"{found.total:.1f} s"]
+    for line in found.lines:
+        share = line.seconds / found.total if found.total else 0.0
+        text = (f"  {line.name:<12}{line.seconds:7.2f} s {share:4.0%} {line.basis.mark} "
+                f"{line.note}")
+        out.append(text if len(text) <= WIDTH else text[: WIDTH - 1] + "…")
+    out.append("  how each line was calibrated: docs/forecast.md; `vime plan --json`, "
+               "forecast.phases[].basis")
+    return out
+
+
+def _colocation_text(plan: Plan) -> list[str]:
+    found = plan.colocation
+    if found is None:
+        return []
+    what = ("resident: no offload, no sleep" if found.mode == "resident"
+            else "taking turns: the actor offloads, the engines sleep")
+    return ["", f"colocation: {what} (train.offload = \"{found.setting}\")",
+            *textwrap.wrap(found.why, WIDTH - 2, initial_indent="  ", subsequent_indent="  ")]
 
 
 def _memory_text(plan: Plan) -> list[str]:

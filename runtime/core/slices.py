@@ -231,6 +231,15 @@ class JobConfig:
     on_corrupt: str = "stop"  # checkpoint.on_corrupt
     evaluation: EvalConfig = EvalConfig()
     sampling: SamplingPolicy = SamplingPolicy()
+    # colocated and both resident (plan.json colocation.mode, from train.offload and the
+    # memory plan: vime/plan/colocation.py): no offload, no sleep
+    resident: bool = False
+
+    @property
+    def takes_turns(self) -> bool:
+        """Colocated and not resident: the actor offloads and the engines sleep while the other
+        side computes."""
+        return self.colocate and not self.resident
 
     # ------------------------------------------------------------------------------ build
 
@@ -266,6 +275,8 @@ class JobConfig:
             reward=rollout["reward"],
             std_normalization=bool(algo.get("std_normalization", True)),
             colocate=bool(plan["colocate"]),
+            resident=bool(plan["colocate"])
+            and (plan.get("colocation") or {}).get("mode") == "resident",
             train_backend=train["backend"], rollout_backend=inference["backend"],
             model=model_slice,
             data=DataConfig(

@@ -18,9 +18,10 @@ colocated (the engines and the actor share the GPUs and take turns):
     weights version v+1 pushed to every engine    engines wake KV cache
 
 After the last rollout the final weights are evaluated once more (eval.at_end). Disaggregated
-runs skip the sleep/offload lines. Every number of a rollout is derived from
-(experiment.seed, rollout index, sample index) and the checkpointed state, so a resumed run
-repeats exactly what the uninterrupted one would have done.
+runs skip the sleep/offload lines, and so do colocated ones whose actor and engines stay
+resident (plan.json's colocation.mode, from train.offload). Every number of a rollout is
+derived from (experiment.seed, rollout index, sample index) and the checkpointed state, so a
+resumed run repeats exactly what the uninterrupted one would have done.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class GRPOLoop:
                      f"rollout.num_rollout = {config.num_rollout}")
             return
         start = time.perf_counter()
-        if config.colocate:
+        if config.takes_turns:
             self.train.offload()
         self.train.push_weights(self.rollout, self.version or 1,
                               config.weight_bucket_bytes)
@@ -212,7 +213,7 @@ class GRPOLoop:
         generations = [x for g in groups for x in g.generations]
         sample_prompts = [g.prompt for g in groups for _ in g.generations]
         every = refill.kept + refill.filtered  # all generated groups, for the reward curve
-        if config.colocate:
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.sleep(2)
                 self.train.onload()
@@ -269,10 +270,11 @@ class GRPOLoop:
                     "next_rollout": rollout_id + 1, "weight_version": self.version + 1,
                     "data": self.sampler.state_dict()}, record=record_of(config))
 
-        if config.colocate:
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.train.offload()
                 numbers["memory/actor_bytes_while_generating"] = self.train.resident_bytes()
+                numbers.update(getattr(self.train, "moves", {}))  # a torchrun world has none
                 self.rollout.wake(["weights"])
         with timer.phase("weight_sync"):
             self.version += 1
@@ -280,7 +282,7 @@ class GRPOLoop:
         numbers["weight_sync/bytes"] = sent
         if hasattr(self.train, "export_seconds"):  # the part of the sync spent exporting
             numbers["weight_sync/export_s"] = self.train.export_seconds
-        if config.colocate:
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.wake(["kv_cache"])
 

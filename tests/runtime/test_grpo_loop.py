@@ -64,12 +64,37 @@ def test_colocated_phases_free_the_device_of_the_side_that_waits(tmp_path):
         assert record["memory/engine_bytes_while_training"] == 0
         assert record["memory/actor_bytes_while_generating"] == 0
         assert record["time/offload"] > 0
+        # the actor's own share of it: what it held before, and both copies' seconds
+        assert record["offload/actor_gb"] > 0
+        assert record["offload/actor_out_s"] > 0 and record["offload/actor_in_s"] > 0
     loop, config = _run(tmp_path / "split", "split", rollout__num_rollout="2",
                         cluster__gpus_per_node="2", train__colocate="false",
                         train__num_gpus="1")
     record = metrics(config.job_dir)[-1]
     assert "memory/engine_bytes_while_training" not in record and "time/offload" not in record
     assert loop.rollout.resident_bytes() > 0 and loop.train.resident_bytes() > 0
+
+
+def test_a_resident_colocated_run_never_offloads_nor_sleeps(tmp_path):
+    _, _, config = job_config(tmp_path, "resident", rollout__num_rollout="2",
+                              train__offload='"never"')
+    assert config.colocate and config.resident and not config.takes_turns
+    loop = in_process_loop(config)
+    calls = []
+    for group, names in ((loop.train, ("offload", "onload")), (loop.rollout, ("sleep", "wake"))):
+        for name in names:
+            method = getattr(group, name)
+            setattr(group, name, lambda *a, _m=method, _n=name: (calls.append(_n), _m(*a))[1])
+    loop.restore()
+    loop.run()
+    assert calls == []
+    record = metrics(config.job_dir)[-1]
+    assert "time/offload" not in record and record["weight_version"] == 2
+    assert loop.rollout.resident_bytes() > 0 and loop.train.resident_bytes() > 0
+    # the same spec taking turns calls them every rollout
+    _, _, turns = job_config(tmp_path / "turns", "turns", rollout__num_rollout="1",
+                             train__offload='"always"')
+    assert turns.takes_turns
 
 
 def test_kl_loss_against_the_reference_and_the_entropy_bonus(tmp_path):

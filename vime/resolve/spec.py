@@ -173,6 +173,7 @@ class Train:
     routing_replay: bool
     num_gpus: int
     recompute: str
+    offload: str  # auto | always | never: taking turns on a colocated GPU (vime/plan/colocation.py)
     transformer_impl: str  # auto | transformer_engine | local (--transformer-impl)
     routing_imbalance: float
     parallel: Parallel
