@@ -145,3 +145,47 @@ def test_tiny_h200_against_the_checkpoint_its_script_writes(tmp_path):
     shutil.copy(spec, tmp_path / "spec.toml")
     result = run_spec(spec, [f'model.hf_checkpoint="{tmp_path}"'])
     assert not codes(result) & {"V102", "V103"}, [d.message for d in result.diagnostics]
+
+
+# -- the DeepSeek-V3 and GLM-4.5 families: planned, named feature by feature ---------------
+
+FAMILY_FEATURES = {
+    "moonlight_16b_a3b": ["deepseek_v3 architecture", "multi-head latent attention",
+                          "shared experts", "sigmoid routing", "scaled routing weights"],
+    "deepseek_v3": ["deepseek_v3 architecture", "multi-head latent attention", "shared experts",
+                    "sigmoid routing", "group-limited routing", "scaled rotary"],
+    "kimi_k2": ["kimi_k2 architecture", "multi-head latent attention", "shared experts",
+                "sigmoid routing", "scaled routing weights", "scaled rotary"],
+    "glm_4_5": ["glm4_moe architecture", "QKV bias", "part of each head", "shared experts",
+                "sigmoid routing"],
+    "glm_4_5_air": ["glm4_moe architecture", "QKV bias", "part of each head", "shared experts",
+                    "sigmoid routing"],
+    "glm_4_7": ["glm4_moe architecture", "QKV bias", "part of each head", "shared experts",
+                "sigmoid routing"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_FEATURES))
+def test_moe_families_plan_as_moe_and_v102_names_what_the_backend_lacks(tmp_path, name):
+    # an engine of 16 GPUs for DeepSeek-V3's FP8 blocks (2048 ÷ 16 = 128), EP over routed experts
+    result = _plan(_checkpoint(tmp_path, name), "rollout.max_response_len=4096",
+                   "inference.gpus_per_engine=8", "train.parallel.ep=8")
+    assert not codes(result) & {"V101", "V103", "V302"}, [d.message for d in result.diagnostics]
+    (diag,) = [d for d in result.diagnostics if d.code == "V102"]
+    for words in FAMILY_FEATURES[name]:
+        assert words in diag.message, words
+    assert "Planned, not run" in diag.help and "num_nextn_predict_layers" in diag.help
+    assert result.spec.arch.is_moe
+
+
+def test_moonlight_gets_a_planning_only_plan_with_mla_in_the_engine(tmp_path):
+    result = _plan(_checkpoint(tmp_path, "moonlight_16b_a3b"), "rollout.max_response_len=4096")
+    assert codes(result) & {"V102"} and result.sketch is not None, [
+        (d.code, d.message) for d in result.diagnostics if d.severity == "error"]
+
+
+@pytest.mark.parametrize("name", ["qwen3_30b_a3b", "qwen3_4b"])
+def test_qwen3_configs_name_no_family_feature(name):
+    from vime.support import unsupported
+
+    assert unsupported(json.loads((CONFIGS / f"{name}.json").read_text())) == []

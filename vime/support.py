@@ -1,5 +1,5 @@
-"""What vime's runtime can run, as plain data (issue 16): the support matrix that V102 checks
-a model's config.json against at compile time.
+"""What vime's runtime can run, as plain data: the support matrix that V102 checks a model's
+config.json against at compile time.
 
 The Megatron backend (runtime/megatron/model.py) builds Qwen3 blocks only: RMSNorm, rotary
 embeddings without scaling over every position, full causal attention in every layer with
@@ -7,6 +7,11 @@ q/k RMSNorm and no bias, a SwiGLU MLP, and for MoE layers softmax-top-k experts 
 shared expert; the HF <-> Megatron mapping (runtime/megatron/mapping.py) and the weight push
 to vLLM know those tensor names alone. vLLM itself serves far more architectures, but the
 actor could not train them nor give it their weights.
+
+The planner reads two more families in full (vime/resolve/model.py): DeepSeek-V3
+(`deepseek_v3`, `kimi_k2`; Moonlight is one) and GLM-4.5 (`glm4_moe`: GLM-4.5, 4.6, 4.7 and
+their Air variants). Their plans are right, and marked planning only: V102 names each part
+of them the backend does not build.
 """
 
 from __future__ import annotations
@@ -16,11 +21,20 @@ from dataclasses import dataclass
 # config.json model_type -> its transformers class (config.json "architectures")
 MODEL_TYPES: dict[str, str] = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
+# config.json model_type -> its class, for the families the planner reads but the runtime
+# does not run (planning only)
+PLANNED_TYPES: dict[str, str] = {"deepseek_v3": "DeepseekV3ForCausalLM",
+                                 "kimi_k2": "DeepseekV3ForCausalLM",
+                                 "glm4_moe": "Glm4MoeForCausalLM"}
+
 SUPPORTED = (
     "Qwen3 dense (model_type \"qwen3\", Qwen3ForCausalLM) and Qwen3-MoE (\"qwen3_moe\", "
     "Qwen3MoeForCausalLM): full attention with q/k norm and no QKV bias in every layer, "
     "SiLU, rotary embeddings without scaling, tied or untied embeddings, MoE layers by "
-    "decoder_sparse_step and mlp_only_layers, no shared expert")
+    "decoder_sparse_step and mlp_only_layers, no shared expert. Planned, not run: "
+    "DeepSeek-V3 (\"deepseek_v3\", \"kimi_k2\": Moonlight, DeepSeek-V3/R1, Kimi-K2) and "
+    "GLM-4.5 (\"glm4_moe\": GLM-4.5, 4.6, 4.7, Air); their MTP layers "
+    "(num_nextn_predict_layers) are neither counted nor trained")
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,8 @@ def unsupported(config: dict) -> list[Unsupported]:
                                  f"the {model_type} architecture"))
     architectures = config.get("architectures")
     if isinstance(architectures, list):
-        foreign = [a for a in architectures if a not in MODEL_TYPES.values()]
+        known = {*MODEL_TYPES.values(), *PLANNED_TYPES.values()}
+        foreign = [a for a in architectures if a not in known]
         if foreign and not found:
             found.append(Unsupported("architectures", architectures,
                                      f"the {', '.join(map(str, foreign))} class"))
@@ -89,9 +104,41 @@ def unsupported(config: dict) -> list[Unsupported]:
     shared = config.get("shared_expert_intermediate_size")
     if isinstance(shared, int) and shared > 0:
         found.append(Unsupported("shared_expert_intermediate_size", shared, "a shared expert"))
+    found += _moe_family_features(config)
     experts = config.get("num_experts") or config.get("num_local_experts")
     if model_type == "qwen3" and isinstance(experts, int) and experts > 0:
         found.append(Unsupported("model_type", model_type,
                                  f"{experts} experts in a dense qwen3 (a Qwen3-MoE is "
                                  "model_type \"qwen3_moe\")"))
+    return found
+
+
+def _number(config: dict, key: str):
+    value = config.get(key)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _moe_family_features(config: dict) -> list[Unsupported]:
+    """The parts of a DeepSeek-V3 or GLM-4.5 config.json the Megatron backend does not build."""
+    found: list[Unsupported] = []
+    kv_lora = _number(config, "kv_lora_rank")
+    if kv_lora:
+        found.append(Unsupported("kv_lora_rank", kv_lora, "multi-head latent attention (MLA)"))
+    shared = _number(config, "n_shared_experts")
+    if shared and _number(config, "n_routed_experts"):
+        found.append(Unsupported("n_shared_experts", shared, "shared experts"))
+    if "scoring_func" in config and config["scoring_func"] != "softmax":
+        found.append(Unsupported("scoring_func", config["scoring_func"], "sigmoid routing with an "
+                                 "expert bias (e_score_correction_bias)"))
+    elif "scoring_func" not in config and config.get("model_type") in PLANNED_TYPES:
+        # transformers' DeepseekV3TopkRouter and Glm4MoeTopkRouter score with a sigmoid
+        found.append(Unsupported("model_type", config["model_type"], "sigmoid routing with an "
+                                 "expert bias (e_score_correction_bias)"))
+    groups = _number(config, "n_group")
+    if groups and groups > 1:
+        found.append(Unsupported("n_group", groups, "group-limited routing (topk_group of "
+                                 "n_group expert groups)"))
+    scaling = _number(config, "routed_scaling_factor")
+    if scaling is not None and scaling != 1:
+        found.append(Unsupported("routed_scaling_factor", scaling, "scaled routing weights"))
     return found
