@@ -1,8 +1,13 @@
-"""Oracle: megatron-core's own parameter count of the DeepSeek-V3 and GLM-4.5 families, built
-by the runtime's builder (runtime/megatron/model.py: MLA, shared experts, sigmoid routing with
-an expert bias, QKV bias, q/k norms as the config says), against vime's count and against
-transformers' model of the same config.json. A spawned gloo process of one rank builds them:
-megatron-core's alltoall dispatcher asks for CUDA streams, answered on the CPU there."""
+"""Oracle: the DeepSeek-V3 and GLM-4.5 families in megatron-core, built by the runtime's
+builder (runtime/megatron/model.py: MLA, shared experts, sigmoid routing with an expert bias,
+group-limited routing, scaled routing weights, QKV bias, partial rotary, q/k norms as the
+config says), against transformers' model of the same config.json on the CPU in fp32:
+- megatron-core's parameter count is vime's and transformers';
+- transformers' weights mapped to Megatron (runtime/megatron/mapping.py) load strictly and
+  come back bit for bit;
+- the log-probabilities of both models agree (fp32: to 1e-5).
+A spawned gloo process of one rank builds them: megatron-core's alltoall dispatcher asks for
+CUDA streams, answered on the CPU there."""
 
 from __future__ import annotations
 
@@ -22,32 +27,69 @@ from vime.resolve.model import arch_from_config  # noqa: E402
 BUILT_ON_THE_CPU = ("deepseek_v3", "glm4_moe", "glm4_moe_air")
 
 
-def _megatron_counts(rank: int, names: tuple[str, ...]) -> dict[str, dict]:
+def _hf_model(config: dict):
+    """transformers' model of a family's config.json, its weights drawn wide enough (std 0.2)
+    that the log-probabilities are far from uniform, and an expert bias that moves the
+    routing (transformers initialises it to zeros)."""
     import torch
+
+    kind = (transformers.DeepseekV3Config if config["model_type"] == "deepseek_v3"
+            else transformers.Glm4MoeConfig)
+    hf = kind(initializer_range=0.2,
+              **{k: v for k, v in config.items() if k not in ("model_type", "architectures")})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf).eval()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn_like(buffer) * 0.1)
+    return model
+
+
+def _megatron_side(rank: int, names: tuple[str, ...]) -> dict[str, dict]:
+    import torch
+    import transformers.models.deepseek_v3.modeling_deepseek_v3  # noqa: F401  (before cpu_streams)
+    import transformers.models.glm4_moe.modeling_glm4_moe  # noqa: F401
     from megatron.core import parallel_state
     from megatroncpu import cpu_streams
 
+    from runtime.megatron.mapping import hf_to_megatron, megatron_to_hf, unfuse_experts
     from runtime.megatron.model import build_gpt, transformer_config
 
     cpu_streams()
     parallel_state.initialize_model_parallel(1, 1)
-    counts = {}
+    tokens = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    out = {}
     for name in names:
         arch = arch_from_config(FAMILIES[name])
         config = transformer_config(arch, bf16=False, params_dtype=torch.float32,
                                     pipeline_dtype=torch.float32, use_cpu_initialization=True)
-        model = build_gpt(arch, config, 256, experts="sequential")
-        buffers = {k for k, _ in model.named_buffers()}
-        counts[name] = {"params": sum(p.numel() for p in model.parameters()),
-                        "expert_bias": any(k.endswith("router.expert_bias") for k in buffers),
-                        "qkv_bias": any(k.endswith("linear_qkv.bias") for k, _ in
-                                        model.named_parameters())}
-    return counts
+        model = build_gpt(arch, config, 256, experts="sequential").eval()
+        hf_model = _hf_model(FAMILIES[name])
+        hf = unfuse_experts(hf_model.state_dict())
+        model.load_state_dict(hf_to_megatron(hf, arch), strict=False)
+        state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+        missing = sorted(set(state) - set(hf_to_megatron(hf, arch)))
+        back = megatron_to_hf(state, arch)
+        with torch.no_grad():
+            reference = torch.log_softmax(hf_model(tokens).logits, -1)
+            logits = model(tokens, torch.arange(12).expand(2, 12), attention_mask=None)
+        out[name] = {
+            "params": sum(p.numel() for p in model.parameters()),
+            "expert_bias": any(k.endswith("router.expert_bias") for k in state),
+            "qkv_bias": any(k.endswith("linear_qkv.bias") for k in state),
+            "not_mapped": missing,
+            "round_trip": sorted(back) == sorted(hf) and all(
+                torch.equal(back[k], hf[k]) for k in hf),
+            "logprob_gap": (torch.log_softmax(logits, -1) - reference).abs().max().item(),
+            "reference_spread": reference.std().item(),
+        }
+    return out
 
 
 @pytest.fixture(scope="module")
-def megatron_counts():
-    return gloo_ranks(_megatron_counts, 1, BUILT_ON_THE_CPU)[0]
+def megatron_side():
+    return gloo_ranks(_megatron_side, 1, BUILT_ON_THE_CPU)[0]
 
 
 def _transformers_count(config: dict) -> int:
@@ -58,11 +100,24 @@ def _transformers_count(config: dict) -> int:
 
 
 @pytest.mark.parametrize("name", BUILT_ON_THE_CPU)
-def test_megatron_core_counts_what_vime_and_transformers_count(megatron_counts, name):
+def test_megatron_core_counts_what_vime_and_transformers_count(megatron_side, name):
     arch = arch_from_config(FAMILIES[name])
-    built = megatron_counts[name]
+    built = megatron_side[name]
     assert built["params"] == arch.params_total == _transformers_count(FAMILIES[name])
     # the expert bias is a buffer on both sides (megatron-core's router, transformers'
     # e_score_correction_bias): in the model, not among the parameters
     assert built["expert_bias"] is arch.expert_bias is True
     assert built["qkv_bias"] is arch.qkv_bias
+
+
+@pytest.mark.parametrize("name", BUILT_ON_THE_CPU)
+def test_mapping_loads_every_weight_and_round_trips_bit_for_bit(megatron_side, name):
+    assert megatron_side[name]["not_mapped"] == []
+    assert megatron_side[name]["round_trip"] is True
+
+
+@pytest.mark.parametrize("name", BUILT_ON_THE_CPU)
+def test_log_probs_are_transformers_own(megatron_side, name):
+    built = megatron_side[name]
+    assert built["reference_spread"] > 0.5  # far from a uniform distribution
+    assert built["logprob_gap"] < 1e-5
