@@ -5,7 +5,10 @@ config says), against transformers' model of the same config.json on the CPU in 
 - megatron-core's parameter count is vime's and transformers';
 - transformers' weights mapped to Megatron (runtime/megatron/mapping.py) load strictly and
   come back bit for bit;
-- the log-probabilities of both models agree (fp32: to 1e-5).
+- the log-probabilities of both models agree (fp32: to 1e-5);
+- R3 (routed experts only): the routes megatron-core records under sigmoid scores with an
+  expert bias and group-limited routing, replayed, give the same log-probabilities; other
+  routes replayed change them (the replay is used).
 A spawned gloo process of one rank builds them: megatron-core's alltoall dispatcher asks for
 CUDA streams, answered on the CPU there."""
 
@@ -51,6 +54,7 @@ def _megatron_side(rank: int, names: tuple[str, ...]) -> dict[str, dict]:
     import transformers.models.deepseek_v3.modeling_deepseek_v3  # noqa: F401  (before cpu_streams)
     import transformers.models.glm4_moe.modeling_glm4_moe  # noqa: F401
     from megatron.core import parallel_state
+    from megatron.core.transformer.moe.router_replay import RouterReplay
     from megatroncpu import cpu_streams
 
     from runtime.megatron.mapping import hf_to_megatron, megatron_to_hf, unfuse_experts
@@ -63,7 +67,9 @@ def _megatron_side(rank: int, names: tuple[str, ...]) -> dict[str, dict]:
     for name in names:
         arch = arch_from_config(FAMILIES[name])
         config = transformer_config(arch, bf16=False, params_dtype=torch.float32,
-                                    pipeline_dtype=torch.float32, use_cpu_initialization=True)
+                                    pipeline_dtype=torch.float32, use_cpu_initialization=True,
+                                    moe_enable_routing_replay=True)
+        RouterReplay.clear_global_router_replay_instances()  # one per router of this model
         model = build_gpt(arch, config, 256, experts="sequential").eval()
         hf_model = _hf_model(FAMILIES[name])
         hf = unfuse_experts(hf_model.state_dict())
@@ -73,8 +79,14 @@ def _megatron_side(rank: int, names: tuple[str, ...]) -> dict[str, dict]:
         back = megatron_to_hf(state, arch)
         with torch.no_grad():
             reference = torch.log_softmax(hf_model(tokens).logits, -1)
-            logits = model(tokens, torch.arange(12).expand(2, 12), attention_mask=None)
+        logits, recorded = _forward(model, tokens, "record")
+        replayed, _ = _forward(model, tokens, recorded)
+        others = [(r + 1) % arch.num_experts for r in recorded]
+        moved, _ = _forward(model, tokens, others)
         out[name] = {
+            "routes": [tuple(r.shape) for r in recorded],
+            "replay_gap": (replayed - logits).abs().max().item(),
+            "other_routes_gap": (moved - logits).abs().max().item(),
             "params": sum(p.numel() for p in model.parameters()),
             "expert_bias": any(k.endswith("router.expert_bias") for k in state),
             "qkv_bias": any(k.endswith("linear_qkv.bias") for k in state),
@@ -85,6 +97,27 @@ def _megatron_side(rank: int, names: tuple[str, ...]) -> dict[str, dict]:
             "reference_spread": reference.std().item(),
         }
     return out
+
+
+def _forward(model, tokens, routes):
+    """Logits with the routers' own choice recorded ("record"), or with `routes` replayed
+    (one [tokens, top_k] tensor per MoE layer); and the routes recorded."""
+    import torch
+    from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+
+    RouterReplay.clear_global_indices()
+    if isinstance(routes, str):
+        RouterReplay.set_global_router_replay_action(RouterReplayAction.RECORD)
+    else:
+        RouterReplay.set_replay_data(routes)
+        RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    with torch.no_grad():
+        logits = model(tokens, positions, attention_mask=None)
+    recorded = [r.clone() for r in RouterReplay.get_recorded_data()] if isinstance(
+        routes, str) else None
+    RouterReplay.clear_global_router_replay_action()
+    return logits, recorded
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +154,12 @@ def test_log_probs_are_transformers_own(megatron_side, name):
     built = megatron_side[name]
     assert built["reference_spread"] > 0.5  # far from a uniform distribution
     assert built["logprob_gap"] < 1e-5
+
+
+@pytest.mark.parametrize("name", BUILT_ON_THE_CPU)
+def test_routing_replay_of_routed_experts(megatron_side, name):
+    built, arch = megatron_side[name], arch_from_config(FAMILIES[name])
+    # one [tokens, top_k] route per MoE layer: the routed experts, not the shared ones
+    assert built["routes"] == [(24, arch.topk)] * arch.num_moe_layers
+    assert built["replay_gap"] == 0.0
+    assert built["other_routes_gap"] > 0.1
