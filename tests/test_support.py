@@ -150,18 +150,13 @@ def test_tiny_h200_against_the_checkpoint_its_script_writes(tmp_path):
 # -- the DeepSeek-V3 and GLM-4.5 families: planned, named feature by feature ---------------
 
 FAMILY_FEATURES = {
-    "moonlight_16b_a3b": ["deepseek_v3 architecture", "multi-head latent attention",
-                          "shared experts", "sigmoid routing", "scaled routing weights"],
-    "deepseek_v3": ["deepseek_v3 architecture", "multi-head latent attention", "shared experts",
-                    "sigmoid routing", "group-limited routing", "scaled rotary"],
-    "kimi_k2": ["kimi_k2 architecture", "multi-head latent attention", "shared experts",
-                "sigmoid routing", "scaled routing weights", "scaled rotary"],
-    "glm_4_5": ["glm4_moe architecture", "QKV bias", "part of each head", "shared experts",
-                "sigmoid routing"],
-    "glm_4_5_air": ["glm4_moe architecture", "QKV bias", "part of each head", "shared experts",
-                    "sigmoid routing"],
-    "glm_4_7": ["glm4_moe architecture", "QKV bias", "part of each head", "shared experts",
-                "sigmoid routing"],
+    "moonlight_16b_a3b": ["deepseek_v3 architecture in the RL loop",
+                          "MLA without a query latent"],
+    "deepseek_v3": ["deepseek_v3 architecture in the RL loop", "scaled rotary"],
+    "kimi_k2": ["kimi_k2 architecture in the RL loop", "scaled rotary"],
+    "glm_4_5": ["glm4_moe architecture in the RL loop"],
+    "glm_4_5_air": ["glm4_moe architecture in the RL loop"],
+    "glm_4_7": ["glm4_moe architecture in the RL loop"],
 }
 
 
@@ -174,7 +169,9 @@ def test_moe_families_plan_as_moe_and_v102_names_what_the_backend_lacks(tmp_path
     (diag,) = [d for d in result.diagnostics if d.code == "V102"]
     for words in FAMILY_FEATURES[name]:
         assert words in diag.message, words
-    assert "Planned, not run" in diag.help and "num_nextn_predict_layers" in diag.help
+    assert "not yet run" in diag.help and "num_nextn_predict_layers" in diag.help
+    # the parts the backend builds are not named
+    assert not any(w in diag.message for w in ("QKV bias", "part of each head", "shared expert"))
     assert result.spec.arch.is_moe
 
 
@@ -189,3 +186,17 @@ def test_qwen3_configs_name_no_family_feature(name):
     from vime.support import unsupported
 
     assert unsupported(json.loads((CONFIGS / f"{name}.json").read_text())) == []
+
+
+@pytest.mark.parametrize(("patch", "says"), [
+    # megatron-core scores a group by top_k ÷ topk_group experts, transformers and vLLM by 2
+    ({"num_experts_per_tok": 8, "n_group": 8, "topk_group": 2}, "scoring each group by 4"),
+    ({"norm_topk_prob": False}, "not renormalised"),
+])
+def test_routing_megatron_core_computes_otherwise_is_named(tmp_path, patch, says):
+    from vime.support import unsupported
+
+    config = {**json.loads((CONFIGS / "glm_4_5_air.json").read_text()), **patch}
+    assert any(says in u.what for u in unsupported(config))
+    assert not any("group" in u.what for u in unsupported(
+        {**config, "topk_group": 4}))  # 8 ÷ 4 = 2: DeepSeek-V3's own

@@ -10,8 +10,10 @@ actor could not train them nor give it their weights.
 
 The planner reads two more families in full (vime/resolve/model.py): DeepSeek-V3
 (`deepseek_v3`, `kimi_k2`; Moonlight is one) and GLM-4.5 (`glm4_moe`: GLM-4.5, 4.6, 4.7 and
-their Air variants). Their plans are right, and marked planning only: V102 names each part
-of them the backend does not build.
+their Air variants). The Megatron backend builds them and its mapping and convert carry their
+weights (checked on the CPU against transformers), but no RL run has been made with them on
+a GPU: their plans are marked planning only, and V102 names what is left besides (YaRN, MLA
+without a query latent on the local spec, group scores megatron-core computes otherwise).
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ SUPPORTED = (
     "Qwen3 dense (model_type \"qwen3\", Qwen3ForCausalLM) and Qwen3-MoE (\"qwen3_moe\", "
     "Qwen3MoeForCausalLM): full attention with q/k norm and no QKV bias in every layer, "
     "SiLU, rotary embeddings without scaling, tied or untied embeddings, MoE layers by "
-    "decoder_sparse_step and mlp_only_layers, no shared expert. Planned, not run: "
-    "DeepSeek-V3 (\"deepseek_v3\", \"kimi_k2\": Moonlight, DeepSeek-V3/R1, Kimi-K2) and "
-    "GLM-4.5 (\"glm4_moe\": GLM-4.5, 4.6, 4.7, Air); their MTP layers "
-    "(num_nextn_predict_layers) are neither counted nor trained")
+    "decoder_sparse_step and mlp_only_layers, no shared expert. Planned, and built and "
+    "checked on the CPU, not yet run: DeepSeek-V3 (\"deepseek_v3\", \"kimi_k2\": Moonlight, "
+    "DeepSeek-V3/R1, Kimi-K2) and GLM-4.5 (\"glm4_moe\": GLM-4.5, 4.6, 4.7, Air); their MTP "
+    "layers (num_nextn_predict_layers) are neither counted nor trained")
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,11 @@ def unsupported(config: dict) -> list[Unsupported]:
     empty for the Qwen3 and Qwen3-MoE checkpoints."""
     found: list[Unsupported] = []
     model_type = config.get("model_type")
-    if model_type is not None and model_type not in MODEL_TYPES:
+    planned = model_type in PLANNED_TYPES
+    if model_type is not None and model_type not in MODEL_TYPES and not planned:
         found.append(Unsupported("model_type", model_type,
                                  f"the {model_type} architecture"))
+    found += _moe_family_features(config)
     architectures = config.get("architectures")
     if isinstance(architectures, list):
         known = {*MODEL_TYPES.values(), *PLANNED_TYPES.values()}
@@ -88,14 +92,15 @@ def unsupported(config: dict) -> list[Unsupported]:
             break
     if config.get("use_sliding_window") is True:
         found.append(Unsupported("use_sliding_window", True, "sliding-window attention"))
-    if config.get("attention_bias") is True:
+    if config.get("attention_bias") is True and not planned:  # GLM-4.5's is built
         found.append(Unsupported("attention_bias", True, "QKV bias"))
     rope = _rope_type(config)
     if rope is not None:
         found.append(Unsupported(rope, config[rope.split(".")[0]],
                                  "scaled rotary embeddings (YaRN, linear, dynamic, mrope)"))
     partial = config.get("partial_rotary_factor")
-    if isinstance(partial, int | float) and not isinstance(partial, bool) and partial != 1:
+    if (isinstance(partial, int | float) and not isinstance(partial, bool) and partial != 1
+            and not planned):
         found.append(Unsupported("partial_rotary_factor", partial,
                                  "rotary embeddings over part of each head"))
     act = config.get("hidden_act")
@@ -104,7 +109,6 @@ def unsupported(config: dict) -> list[Unsupported]:
     shared = config.get("shared_expert_intermediate_size")
     if isinstance(shared, int) and shared > 0:
         found.append(Unsupported("shared_expert_intermediate_size", shared, "a shared expert"))
-    found += _moe_family_features(config)
     experts = config.get("num_experts") or config.get("num_local_experts")
     if model_type == "qwen3" and isinstance(experts, int) and experts > 0:
         found.append(Unsupported("model_type", model_type,
@@ -119,26 +123,33 @@ def _number(config: dict, key: str):
 
 
 def _moe_family_features(config: dict) -> list[Unsupported]:
-    """The parts of a DeepSeek-V3 or GLM-4.5 config.json the Megatron backend does not build."""
+    """The parts of a DeepSeek-V3 or GLM-4.5 config.json the Megatron backend does not build
+    as transformers and vLLM compute them. It builds (tests/oracle/test_megatron_families.py:
+    log-probs of transformers' own model to 2e-6 in fp32, weights bit for bit, R3): MLA with
+    a query latent, shared experts, sigmoid scores with the expert bias, group-limited
+    routing picking half of top_k's groups, scaled routing weights, QKV bias, q/k norms,
+    partial rotary, dense first layers."""
     found: list[Unsupported] = []
-    kv_lora = _number(config, "kv_lora_rank")
-    if kv_lora:
-        found.append(Unsupported("kv_lora_rank", kv_lora, "multi-head latent attention (MLA)"))
-    shared = _number(config, "n_shared_experts")
-    if shared and _number(config, "n_routed_experts"):
-        found.append(Unsupported("n_shared_experts", shared, "shared experts"))
-    if "scoring_func" in config and config["scoring_func"] != "softmax":
-        found.append(Unsupported("scoring_func", config["scoring_func"], "sigmoid routing with an "
-                                 "expert bias (e_score_correction_bias)"))
-    elif "scoring_func" not in config and config.get("model_type") in PLANNED_TYPES:
-        # transformers' DeepseekV3TopkRouter and Glm4MoeTopkRouter score with a sigmoid
-        found.append(Unsupported("model_type", config["model_type"], "sigmoid routing with an "
-                                 "expert bias (e_score_correction_bias)"))
-    groups = _number(config, "n_group")
-    if groups and groups > 1:
-        found.append(Unsupported("n_group", groups, "group-limited routing (topk_group of "
-                                 "n_group expert groups)"))
-    scaling = _number(config, "routed_scaling_factor")
-    if scaling is not None and scaling != 1:
-        found.append(Unsupported("routed_scaling_factor", scaling, "scaled routing weights"))
+    if config.get("model_type") in PLANNED_TYPES:
+        found.append(Unsupported("model_type", config["model_type"],
+                                 f"the {config['model_type']} architecture in the RL loop (its "
+                                 "Megatron model, mapping, convert and R3 are checked on the "
+                                 "CPU; no GPU run yet)"))
+    if _number(config, "kv_lora_rank") and not _number(config, "q_lora_rank"):
+        # megatron-core's local spec builds that projection only norm-fused, from Transformer
+        # Engine (megatron/core/transformer/mla_qk_norm_config.py)
+        found.append(Unsupported("q_lora_rank", config.get("q_lora_rank"),
+                                 "MLA without a query latent on the local layer spec"))
+    groups, topk = _number(config, "n_group"), _number(config, "num_experts_per_tok")
+    group_topk = _number(config, "topk_group")
+    if groups and groups > 1 and topk and group_topk and topk // group_topk != 2:
+        # megatron-core scores a group by its top_k ÷ topk_group best experts
+        # (moe_utils.py group_limited_topk), transformers and vLLM by its best 2
+        found.append(Unsupported("topk_group", group_topk,
+                                 f"group-limited routing scoring each group by "
+                                 f"{topk // group_topk} experts (megatron-core) instead of 2"))
+    if config.get("scoring_func", "sigmoid" if config.get("model_type") in PLANNED_TYPES
+                  else "softmax") == "sigmoid" and config.get("norm_topk_prob") is False:
+        found.append(Unsupported("norm_topk_prob", False, "sigmoid routing weights not "
+                                 "renormalised (megatron-core renormalises them)"))
     return found

@@ -50,14 +50,18 @@ def runtime_runs_the_model(spec: Spec):
     Supported: Qwen3 dense (model_type "qwen3", Qwen3ForCausalLM) and Qwen3-MoE
     ("qwen3_moe", Qwen3MoeForCausalLM), with tied or untied embeddings and MoE layers placed
     by decoder_sparse_step and mlp_only_layers. The support matrix is vime/support.py.
-    Planned, not run: the DeepSeek-V3 family ("deepseek_v3", "kimi_k2": Moonlight,
-    DeepSeek-V3/R1, Kimi-K2) and the GLM-4.5 family ("glm4_moe": GLM-4.5, 4.6, 4.7 and Air).
-    vime reads their config.json in full (routed and shared experts, dense first layers,
-    MLA), so the plan's parameters, memory and EP layout are theirs, and the message names
-    each part the Megatron backend does not build: multi-head latent attention, shared
-    experts, sigmoid routing with an expert bias, group-limited routing, scaled routing
-    weights, QKV bias, rotary embeddings over part of each head, YaRN. Their MTP layers
-    (num_nextn_predict_layers) are neither counted nor trained.
+    Planned, and built and checked on the CPU, not yet run: the DeepSeek-V3 family
+    ("deepseek_v3", "kimi_k2": Moonlight, DeepSeek-V3/R1, Kimi-K2) and the GLM-4.5 family
+    ("glm4_moe": GLM-4.5, 4.6, 4.7 and Air). vime reads their config.json in full (routed
+    and shared experts, dense first layers, MLA), so the plan's parameters, memory and EP
+    layout are theirs; the Megatron backend builds MLA, shared experts, sigmoid routing with
+    the expert bias, group-limited routing, QKV bias and partial rotary, and its weights and
+    log-probabilities match transformers' on the CPU, but no RL run has been made with them
+    on a GPU. The message names that, and what is left: YaRN rope scaling, MLA without a
+    query latent (q_lora_rank null) on the local layer spec, group scores that megatron-core
+    sums over top_k ÷ topk_group experts where transformers and vLLM take 2, sigmoid weights
+    not renormalised. Their MTP layers (num_nextn_predict_layers) are neither counted nor
+    trained.
     `vime plan` still shows the layout of such a spec, marked as planning only, so its
     GPUs and memory can be studied; `vime compile` and `vime submit` refuse it.
     Fix: a Qwen3 or Qwen3-MoE checkpoint, or remove the [model.arch] key named."""
