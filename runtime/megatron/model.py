@@ -1,4 +1,6 @@
-"""Build megatron-core's GPTModel for a Qwen3 / Qwen3-MoE architecture (vime's Arch).
+"""Build megatron-core's GPTModel for vime's Arch: Qwen3 / Qwen3-MoE, and the DeepSeek-V3
+(MLA, shared experts, sigmoid routing with the expert bias, group-limited routing) and GLM-4.5
+(QKV bias, partial rotary, shared experts) families (`_family_args`).
 
 Two layer specs (`choose_transformer_impl`, the spec's train.transformer_impl):
 - "transformer_engine": megatron-core's Transformer Engine spec as it is (TE attention, the
@@ -295,7 +297,7 @@ def _log_once(line: str) -> None:
 
 def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = True,
               post_process: bool = True, experts: str | None = None, impl: str = "local"):
-    """GPTModel with Qwen3's layout; call under an initialised megatron parallel state. A
+    """GPTModel of the architecture; call under an initialised megatron parallel state. A
     pipeline stage builds its own layers, with the embedding on the first stage
     (pre_process) and the final norm and output layer on the last (post_process). `impl`:
     "local" or "transformer_engine" (choose_transformer_impl's answer). `experts` (local spec
