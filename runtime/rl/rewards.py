@@ -441,6 +441,14 @@ class ServerCaller:
                                    server.backoff_s, log)
         self.name = server.url
 
+    def __call__(self, sample: Sample, **call) -> tuple[float, dict[str, float]]:
+        """(score, extras) of one sample (a batch of one).
+
+        Raises:
+            RewardError: as score_many.
+        """
+        return self.score_many([sample], [call])[0]
+
     def score_many(self, samples: list[Sample], calls: list[dict]
                    ) -> list[tuple[float, dict[str, float]]]:
         """(score, extras) per sample, in batches.

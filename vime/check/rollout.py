@@ -110,24 +110,32 @@ def vllm_tp_vs_kv_heads(spec: Spec):
 def context_fits_model(spec: Spec):
     """Prompt plus response must fit the model's context length.
 
-    vime gives vLLM max_model_len = max_prompt_len + max_response_len (with a rollout
-    function, max_prompt_len + max_total_tokens: every turn and tool output). vLLM raises
+    vime gives vLLM max_model_len = max_prompt_len + the longest max_response_len of the
+    rollout (with a rollout function, max_total_tokens: every turn and tool output) and of
+    the evaluation datasets ([[eval.datasets]]). vLLM raises
     "ValueError: User-specified max_model_len (X) is greater than the derived
     max_model_len (max_position_embeddings=Y ...)" at engine start unless
     VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
-    Fix: shorter max_prompt_len or max_response_len, or a model with a longer context."""
+    Fix: shorter max_prompt_len or max_response_len (the rollout's or the evaluation's), or
+    a model with a longer context."""
     roll, limit = spec.rollout, spec.arch.max_position_embeddings
-    total = roll.max_prompt_len + roll.sample_tokens
-    if total > limit:
-        # a rollout function's samples are max_total_tokens long after the prompt
-        key = ("max_total_tokens" if roll.sample_tokens != roll.max_response_len
-               else "max_response_len")
-        yield Finding(f"rollout.{key}",
-                      f"max_prompt_len + {key} = {roll.max_prompt_len} + "
-                      f"{roll.sample_tokens} = {total} exceeds the model's "
-                      f"max_position_embeddings {limit}",
-                      help=f"{key} = {max(limit - roll.max_prompt_len, 1)}",
-                      related=("rollout.max_prompt_len",))
+    # a rollout function's samples are max_total_tokens long after the prompt
+    own = ("rollout.max_total_tokens" if roll.sample_tokens != roll.max_response_len
+           else "rollout.max_response_len")
+    lengths = [(own, roll.sample_tokens)] + [
+        (f"eval.datasets[{i}].max_response_len", d.max_response_len)
+        for i, d in enumerate(spec.eval.datasets)]
+    for key, response in lengths:
+        total = roll.max_prompt_len + response
+        if total > limit:
+            yield Finding(key,
+                          f"max_prompt_len + {key.split('.', 1)[0]} "
+                          f"{key.rsplit('.', 1)[1]} = "
+                          f"{roll.max_prompt_len} + {response} = {total} exceeds the model's "
+                          f"max_position_embeddings {limit}",
+                          help=f"{key.rsplit('.', 1)[1]} = "
+                          f"{max(limit - roll.max_prompt_len, 1)}",
+                          related=("rollout.max_prompt_len",))
 
 
 # Flags vime derives from the plan (vime/emit/vllm.py); setting them again in extra_args would
@@ -238,3 +246,35 @@ def vllm_tp_divides_expert_ffn(spec: Spec):
                           f"expert FFN size {arch.moe_ffn_hidden_size} does not split over TP × DP "
                           f"= {ways} GPUs", help="expert_parallel = true",
                           related=("inference.gpus_per_engine",))
+
+
+@rule("V523", "eval-interval-without-datasets", severity="warning", enforced_by="vime")
+def eval_interval_without_datasets(spec: Spec):
+    """An evaluation interval with no dataset to evaluate.
+
+    eval.interval (upstream's --eval-interval) says when to evaluate; the datasets are the
+    [[eval.datasets]] tables (--eval-prompt-data NAME PATH). Without one, nothing is
+    evaluated and no eval/ metric appears.
+    Fix: add an [[eval.datasets]] table with name and prompt_data, or remove eval.interval."""
+    if spec.eval.interval is not None and not spec.eval.datasets:
+        yield Finding("eval.interval",
+                      f"eval.interval = {spec.eval.interval} but no [[eval.datasets]] table",
+                      help='add [[eval.datasets]] with name = "..." and prompt_data = "...", '
+                      "or remove eval.interval")
+
+
+@rule("V524", "eval-names-differ", enforced_by="vime")
+def eval_names_differ(spec: Spec):
+    """Two evaluation datasets share a name.
+
+    Each dataset's metrics are logged as eval/<name>/...; two datasets of one name would
+    write the same metrics and one would hide the other.
+    Fix: a different name for each [[eval.datasets]] table."""
+    seen: dict[str, int] = {}
+    for index, dataset in enumerate(spec.eval.datasets):
+        if dataset.name in seen:
+            yield Finding(f"eval.datasets[{index}].name",
+                          f"eval dataset name {dataset.name!r} is also dataset {seen[dataset.name]}'s",
+                          help=f'name = "{dataset.name}-{index}"',
+                          related=(f"eval.datasets[{seen[dataset.name]}].name",))
+        seen.setdefault(dataset.name, index)
