@@ -252,7 +252,7 @@ class JobConfig:
         """The most tokens after the prompt of one sample (every turn and tool output of a
         rollout function together)."""
         if self.rollout_function and self.max_total_tokens:
-            return max(self.max_total_tokens, self.max_response_len)
+            return self.max_total_tokens
         return self.max_response_len
 
     # ------------------------------------------------------------------------------ build

@@ -124,7 +124,7 @@ class Rollout:
         """The most tokens after the prompt of one sample: max_response_len, or with a
         rollout function max_total_tokens (every turn and tool output together)."""
         if self.function and self.max_total_tokens:
-            return max(self.max_total_tokens, self.max_response_len)
+            return self.max_total_tokens
         return self.max_response_len
 
 
