@@ -10,6 +10,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from runtimekit import ROOT, compile_spec, in_process_loop, metrics, sets_for
@@ -149,3 +150,24 @@ def test_preflight_names_a_function_missing_or_not_async():
     assert "is not an `async def` function" in function_problem("runtime.toy:reward")
     assert "runtime.toy_tools has no rollouts" in function_problem("runtime.toy_tools:rollouts")
     assert "cannot import no_such_module" in function_problem("no_such_module:rollout")
+
+
+def test_routes_keep_each_row_from_the_first_call_that_fed_its_token():
+    """Prompt of 3 tokens, turn 1 of 2 tokens, a tool span of 2, turn 2 of 2, a tool span of 1
+    after the last turn: call 1 reports rows 0-3 (prompt + turn 1 - 1), call 2 rows 0-7; the
+    sample's 3 + 7 tokens have 9 rows."""
+    from runtime.core.interfaces import SamplingParams
+    from runtime.rl.custom_rollout import RolloutContext
+
+    ctx = RolloutContext(prompt="", prompt_ids=(1, 2, 3), label=None, metadata={},
+                         params=SamplingParams(1.0, 1.0, 4, ()), seed=0, index=0, max_turns=2,
+                         max_total_tokens=16, tokenizer=None)
+    ctx.token_ids = [10, 11, 20, 21, 12, 13, 22]  # turn, tool, turn, tool
+    first = np.full((4, 2, 2), 1)  # call 1: [layers 2, top-k 2] per fed row
+    second = np.full((8, 2, 2), 2)
+    ctx._routes = [first, second]
+    routes = ctx.routed_experts()
+    assert routes.shape == (9, 2, 2)
+    assert (routes[:4] == 1).all()  # prompt and turn 1: as call 1 routed them
+    assert (routes[4:8] == 2).all()  # turn 1's last token, the tool span, turn 2: call 2
+    assert routes[8].tolist() == [[0, 1], [0, 1]]  # the trailing tool token: fed by no call
