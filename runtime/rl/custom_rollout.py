@@ -22,7 +22,9 @@ import asyncio
 import contextlib
 import importlib
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +38,11 @@ from runtime.rl import rewards
 class RolloutFunctionError(RuntimeError):
     """A rollout function raised, returned what is not a reward, or passed its time limit; the
     message names the function and the sample. Nothing of the rollout was trained or saved."""
+
+
+class FunctionBlocked(Exception):  # noqa: N818  (raised into the blocking code itself)
+    """Raised in a rollout function that blocked the event loop (synchronous code: a
+    time.sleep, a blocking socket read) for longer than rollout.function_timeout_s."""
 
 
 class TurnLimit(Exception):  # noqa: N818  (a limit reached, which a function may catch)
@@ -203,6 +210,61 @@ class RolloutContext:
         return stitched
 
 
+class _LoopWatch:
+    """Interrupts a rollout function that blocks the event loop past the time limit: a tick
+    task marks the loop alive every TICK_S; a thread that sees no tick (outside the engine
+    calls) for timeout_s sends SIGUSR1 to the main thread, whose handler raises
+    FunctionBlocked in the code running there. Only in the main thread (signals); elsewhere
+    a blocked loop is not interrupted."""
+
+    TICK_S = 0.05
+    SIGNAL = signal.SIGUSR1
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.alive = time.monotonic()
+        self.in_engine = False
+        self.fired = False
+        self.stop = threading.Event()
+
+    async def tick(self) -> None:
+        while True:
+            self.alive = time.monotonic()
+            await asyncio.sleep(self.TICK_S)
+
+    def _watch(self, main_ident: int) -> None:
+        while not self.stop.wait(self.TICK_S):
+            if self.in_engine:
+                self.alive = time.monotonic()
+            elif time.monotonic() - self.alive > self.timeout_s:
+                self.fired = True
+                signal.pthread_kill(main_ident, self.SIGNAL)
+                return
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.fired and not self.stop.is_set():
+            raise FunctionBlocked(f"it blocked the event loop for more than "
+                                  f"rollout.function_timeout_s = {self.timeout_s:g} s "
+                                  "(synchronous code: make tools async, or run them in "
+                                  "asyncio.to_thread)")
+
+    @contextlib.contextmanager
+    def watching(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(self.SIGNAL, self._on_signal)
+        thread = threading.Thread(target=self._watch, args=(threading.get_ident(),),
+                                  daemon=True, name="vime rollout-function watch")
+        thread.start()
+        try:
+            yield
+        finally:
+            self.stop.set()
+            thread.join()
+            signal.signal(self.SIGNAL, previous)
+
+
 @dataclass
 class _Waiting:
     ctx: RolloutContext
@@ -217,6 +279,7 @@ class _Scheduler:
     def __init__(self, generate: Callable, params: SamplingParams, timeout_s: float,
                  describe: Callable[[int], str], name: str):
         self.generate, self.params, self.timeout_s = generate, params, timeout_s
+        self.watch = _LoopWatch(timeout_s)
         self.describe, self.name = describe, name
         self.waiting: list[_Waiting] = []
         self.changed: asyncio.Event | None = None
@@ -234,8 +297,12 @@ class _Scheduler:
         waiting, self.waiting = sorted(self.waiting, key=lambda w: w.ctx.index), []
         for budget in sorted({w.max_new_tokens for w in waiting}):
             group = [w for w in waiting if w.max_new_tokens == budget]
-            generations = self.generate([w.request for w in group],
-                                        replace(self.params, max_new_tokens=budget))
+            self.watch.in_engine = True
+            try:
+                generations = self.generate([w.request for w in group],
+                                            replace(self.params, max_new_tokens=budget))
+            finally:
+                self.watch.alive, self.watch.in_engine = time.monotonic(), False
             now = time.monotonic()
             for item, generation in zip(group, generations, strict=True):
                 item.future.set_result(generation)
@@ -321,7 +388,8 @@ class CustomRollout:
                 index=index, max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,
                 tokenizer=self.tokenizer))
         scheduler = _Scheduler(self.generate, self.params, self.timeout_s, describe, self.name)
-        returned = asyncio.run(self._run_all(contexts, scheduler))
+        with scheduler.watch.watching():
+            returned = asyncio.run(self._run_all(contexts, scheduler))
         generations = []
         for ctx, result in zip(contexts, returned, strict=True):
             if not ctx.turns:
@@ -354,10 +422,11 @@ class CustomRollout:
         for ctx in contexts:
             ctx._scheduler = scheduler
         tasks = {ctx.index: asyncio.create_task(one(ctx)) for ctx in contexts}
+        tick = asyncio.create_task(scheduler.watch.tick())
         try:
             await scheduler.run(tasks)
         finally:
-            for task in tasks.values():
+            for task in (*tasks.values(), tick):
                 task.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await asyncio.gather(*tasks.values(), tick, return_exceptions=True)
         return [tasks[ctx.index].result() for ctx in contexts]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,13 @@ async def hangs(ctx):
     return 0.0
 
 
+async def blocks(ctx):
+    await ctx.generate()
+    if ctx.index == 4:
+        time.sleep(3600)  # a synchronous tool: the event loop stops with it
+    return 0.0
+
+
 async def never_generates(ctx):
     return 1.0
 
@@ -118,8 +126,9 @@ async def never_generates(ctx):
     (raises, ["raised KeyError", "no tool named 'calc'", "sample 5"]),
     (not_a_reward, ["returned '0.5', a str", "sample 3"]),
     (hangs, ["rollout.function_timeout_s = 0.5 s", "sample 2"]),
+    (blocks, ["raised FunctionBlocked", "blocked the event loop", "sample 4"]),
     (never_generates, ["without a ctx.generate call", "sample 0"]),
-], ids=["raises", "not-a-reward", "hangs", "no-generate"])
+], ids=["raises", "not-a-reward", "hangs", "blocks", "no-generate"])
 def test_a_failing_function_is_named_and_nothing_advances(tmp_path, function, words):
     config = tools_config(tmp_path, rollout__function_timeout_s="0.5")
     loop = in_process_loop(config)
