@@ -140,7 +140,7 @@ def test_find_in_order_rejects_what_the_output_lacks():
 
 
 def relative_links(doc: pathlib.Path) -> list[tuple[int, str]]:
-    """Return (line, target) of DOC's links that are not URLs or anchors, outside code blocks."""
+    """Return (line, target) of DOC's links that are not URLs, outside code blocks."""
     links, fenced = [], False
     for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
         if line.startswith("```"):
@@ -150,17 +150,43 @@ def relative_links(doc: pathlib.Path) -> list[tuple[int, str]]:
             continue
         for match in LINK.finditer(re.sub(r"`[^`]*`", "", line)):
             target = match.group("target")
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-                continue
-            links.append((number, target))
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                links.append((number, target))
     return links
+
+
+def anchors(doc: pathlib.Path) -> set[str]:
+    """Return the anchors GitHub makes of DOC's headings (lower case, punctuation dropped,
+    spaces as hyphens, a repeated one numbered -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    fenced = False
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = re.match(r"^#{1,6} (.+)$", line)
+        if heading and not fenced:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return found
 
 
 @pytest.mark.parametrize("doc", LINKING_DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
 def test_relative_links_resolve(doc):
-    broken = [
-        f"{doc.relative_to(ROOT)}:{number}: {target}"
-        for number, target in relative_links(doc)
-        if not (doc.parent / target.split("#", 1)[0]).exists()
-    ]
+    broken = []
+    for number, target in relative_links(doc):
+        path, _, anchor = target.partition("#")
+        linked = doc.parent / path if path else doc
+        if not linked.exists():
+            broken.append(f"{doc.relative_to(ROOT)}:{number}: {target}")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{doc.relative_to(ROOT)}:{number}: {target} (no such heading)")
     assert not broken, "links to nothing:\n" + "\n".join(broken)
+
+
+def test_anchors_follow_github():
+    doc = ROOT / "docs" / "gpu-runs.md"
+    assert "index-by-topic" in anchors(doc)
+    assert "what-the-next-gpu-run-should-do-1" in anchors(doc)
+    assert "the-backend-against-the-plain-loop-with-the-kernels-0991" in anchors(doc)
