@@ -75,6 +75,7 @@ from runtime.node.ray_bootstrap import (
 )
 from vime.launch import lock
 from vime.launch import ports as port_plan
+from vime.launch.jobdir import DEFAULT_DRIVER
 
 POLL_S = 0.5
 WORKER_STOP_WAIT_S = 15.0
@@ -329,8 +330,6 @@ class _RayWatch(threading.Thread):
 
 def _preflight(launch: dict, job_dir: Path) -> None:
     """The default driver's inputs, before Ray starts (runtime/node/preflight.py)."""
-    from vime.launch.submit import DEFAULT_DRIVER
-
     for line in installed_lines(tomllib.loads((job_dir / "resolved.toml").read_text())):
         print(line, flush=True)
     if launch["driver"] == DEFAULT_DRIVER:
