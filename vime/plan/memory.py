@@ -239,8 +239,8 @@ def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool,
     pre-MLP norm input and output, then the dense MLP's or the MoE layer's own tensors (the
     constants above). With sequence parallelism each TP rank routes its own slice of the
     tokens; with etp > 1 the dispatcher gathers the rows of the etp group, so each rank
-    processes etp times its slice's routed rows at ffn ÷ etp (issue 18 saw every rank of etp 2
-    process all T·K rows); `imbalance` scales the routed rows of the busiest EP rank.
+    processes etp times its slice's routed rows at ffn ÷ etp (every rank of etp 2 processed all
+    T·K rows on an H200: docs/memory-validation.md); `imbalance` scales the routed rows of the busiest EP rank.
     """
     par = spec.train.parallel
     h, d, tp = arch.hidden_size, arch.head_dim, par.tp
@@ -337,7 +337,7 @@ def _adam_step_basis(spec: Spec) -> Basis:
 
 
 # The layer shapes the H200 measured (Qwen3-30B-A3B's): outside them, or at another layout, the
-# activation term is an estimate (issue 18 found other shapes over-predicted).
+# activation term is an estimate (other shapes were over-predicted: docs/memory-validation.md).
 MEASURED_LAYER = {"hidden_size": 2048, "num_attention_heads": 32, "num_kv_heads": 4,
                   "head_dim": 128, "num_experts": 128, "topk": 8, "moe_ffn_hidden_size": 768}
 
@@ -360,7 +360,7 @@ def actor_outside_torch(spec: Spec) -> tuple[float, Basis]:
     return ACTOR_OUTSIDE_TORCH + ACTOR_NCCL, basis
 
 
-# The loss head (runtime/core/loss_head.py, issue 18): the log-probs and entropy from the final
+# The loss head (runtime/core/loss_head.py): the log-probs and entropy from the final
 # hidden states and the output weight, a chunk of tokens at a time, with no [tokens, vocab]
 # tensor (the whole-vocabulary fp32 log-softmax it replaced held 16 bytes per token per
 # vocabulary entry, 14.9 measured on an H200: docs/memory-validation.md). What it holds:
