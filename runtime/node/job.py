@@ -15,7 +15,7 @@ job.sbatch; `vime submit --local`: one process per node on this machine):
 - the head runs the driver, then writes `ray/done-<attempt>`; every node stops its own Ray
   (runtime.node.ray_bootstrap.RayNode.stop: never `ray stop`), the workers first.
 
-The driver contract (runtime/node/driver.py, issue 6):
+The driver contract (runtime/node/driver.py):
 
     def run(plan: dict, resolved_toml: str, job_dir: pathlib.Path, resume: bool) -> None
 

@@ -42,7 +42,7 @@ def engine_on_whole_nodes(spec: Spec):
     gpn = spec.cluster.gpus_per_node
     # engine e starts at GPU (start + e × gpus_per_engine) % gpn of its node, a position that
     # repeats within gpn engines: if any engine straddles nodes, one of the first gpn does (a
-    # plan of 262,144 one-GPU engines checks 64, not all of them; issue 17)
+    # plan of 262,144 one-GPU engines checks 64, not all of them)
     for index, gpus in enumerate(engine_gpus(spec, count=gpn)):
         nodes = sorted({node for node, _ in gpus})
         if len(nodes) > 1 and not (gpus[0][1] == 0 and len(gpus) % gpn == 0):

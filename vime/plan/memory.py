@@ -33,10 +33,10 @@ GiB = 1024**3
 # Allowances, per GPU.
 # The actor's memory outside torch's caching allocator (CUDA context, cuBLAS workspaces, loaded
 # kernels, NCCL's communicators), which neither max_memory_allocated nor max_memory_reserved
-# counts. Issue 18 measured 2.06 GiB on every case of vime's own backend step on one H200
+# counts: 2.06 GiB measured on every case of vime's own backend step on one H200
 # (seven shapes, 4k-24k tokens); a stand-in megatron-core loop held 2.4 GiB on one GPU and
 # 3.8-4.4 GiB on each of two, so groups of more than one rank add up to 2.0 GiB (4.4 - 2.4, the
-# most seen). Not measured beyond two GPUs. (The planner had 0.6 + 1.0 GiB.)
+# most seen; docs/memory-validation.md). Not measured beyond two GPUs.
 ACTOR_OUTSIDE_TORCH = 2.06 * GiB
 ACTOR_NCCL = 2.0 * GiB
 FRAGMENTATION = 0.10  # caching-allocator slack (reserved over allocated), measured 2-21%
@@ -220,12 +220,12 @@ def routing_imbalance(spec: Spec) -> float:
 # an int64 [tokens, experts] map (8·experts). Counted from megatron-core 0.19's MLP, router and
 # alltoall dispatcher and runtime/megatron/grouped_experts.py, and measured equal to the byte
 # for SequentialMLP and GroupedMLP on the CPU with a real MoE layer, five shapes
-# (tests/oracle/test_megatron_moe_activations.py). The planner had 4·hidden + 6·ffn per row.
+# (tests/oracle/test_megatron_moe_activations.py).
 ROUTED_ROW_HIDDEN_BYTES, ROUTED_ROW_FFN_BYTES, ROUTED_ROW_BYTES = 2, 12, 24
 ROUTER_EXPERT_BYTES = 8
 # A dense MLP per token: fc1's output, the SiLU output, the up projection and the GLU product
 # fc2 keeps (4 + 2 + 2 + 2 bytes per ffn entry), its input being the norm's output; measured on
-# the CPU (same test). The planner had 6.
+# the CPU (same test).
 DENSE_FFN_BYTES = 10
 
 
