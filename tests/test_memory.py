@@ -281,3 +281,41 @@ def test_every_term_says_what_it_was_checked_against(capsys):
     for line, term in zip(marked, terms, strict=True):
         assert line[30] == MARKS[term["basis"]["kind"]], line
     assert "the peak by basis: ● " in text
+
+
+def _planned(tmp_path, name: str, *sets):
+    import shutil
+
+    shutil.copy(ROOT / "tests" / "fixtures" / "configs" / f"{name}.json", tmp_path / "config.json")
+    return run_spec(SEED1, [f'model.hf_checkpoint="{tmp_path}"', "rollout.max_response_len=4096",
+                            *sets]).spec
+
+
+def test_mla_kv_cache_is_one_latent_per_layer_on_every_tp_rank(tmp_path):
+    # vLLM's MLA caches kv_lora_rank + qk_rope_head_dim = 576 values per layer and token, the
+    # same on every TP rank: DeepSeek-V3 70,272 bytes, against 2 × 128 heads × 192 × 2 × 61
+    # = 5.7 MiB per token for its 128 attention heads uncompressed
+    for tp_sets in ([], ["inference.data_parallel_size=8"]):
+        spec = _planned(tmp_path, "deepseek_v3", *tp_sets)
+        assert memory_plan(spec).rollout.kv_bytes_per_token == 61 * (512 + 64) * 2
+    moonlight = _planned(tmp_path, "moonlight_16b_a3b")
+    assert memory_plan(moonlight).rollout.kv_bytes_per_token == 27 * 576 * 2
+
+
+def test_glm_kv_cache_is_grouped_query_attention(tmp_path):
+    spec = _planned(tmp_path, "glm_4_5_air")  # 8 KV heads over TP 8: one each
+    assert memory_plan(spec).rollout.kv_bytes_per_token == 2 * 46 * 1 * 128 * 2
+
+
+def test_shared_experts_and_mla_down_projections_in_the_actor_shard(tmp_path):
+    spec = _planned(tmp_path, "moonlight_16b_a3b")  # tp 4, ep 8 on 8 GPUs
+    arch, shard = spec.arch, actor_shard(spec)
+    h, vocab = 2048, padded_vocab(163840, 4)
+    down = h * (512 + 64) + 512  # kv_a_proj_with_mqa and its norm: whole on every tp rank
+    up = h * 16 * 192 + 512 * 16 * (128 + 128) + 16 * 128 * h  # q_proj, kv_b_proj, o_proj
+    assert (arch.attention_replicated_params, arch.attention_params) == (down, down + up)
+    shared = 3 * h * 2 * 1408
+    sharded = (up * 27 + 3 * h * 11264 * 1 + shared * 26 + 2 * h * vocab) / 4
+    replicated = 2 * h * 27 + h * 64 * 26 + down * 27 + h
+    assert shard.dense == pytest.approx(sharded + replicated)
+    assert shard.expert == 64 * 3 * h * 1408 * 26 / 8

@@ -241,3 +241,17 @@ def test_sample_check_names_a_tensor_the_push_skipped(engine, models):
     push(engine, {n: t for n, t in tensors.items() if n != skipped}, version=3)
     assert engine.weight_version() == 3
     assert sample_mismatches(engine, tensors) == [f"{skipped}: differs from the actor's"]
+
+
+def test_a_push_to_an_engine_awake_since_it_generated_resets_its_prefix_cache(engine, models,
+                                                                             monkeypatch):
+    """vLLM's prefix cache keeps the KV of prompts' full blocks computed with the old weights;
+    an engine that did not sleep since it generated (resident or disaggregated) drops it with
+    every push. (This CPU engine's blocks of 128 tokens never fill at max_model_len 40, so the
+    stale KV itself shows only on a GPU: docs/gpu-runs.md.)"""
+    resets = []
+    real = engine.llm.reset_prefix_cache
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda *a: resets.append(1) or real())
+    generate(engine, range(2))
+    push(engine, _checkpoint(models["first"]), version=20)
+    assert resets == [1]

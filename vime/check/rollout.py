@@ -112,20 +112,26 @@ def vllm_tp_vs_kv_heads(spec: Spec):
 def context_fits_model(spec: Spec):
     """Prompt plus response must fit the model's context length.
 
-    vime gives vLLM max_model_len = max_prompt_len + max_response_len. vLLM raises
+    vime gives vLLM max_model_len = max_prompt_len + the longest max_response_len of the
+    rollout and of the evaluation datasets ([[eval.datasets]]). vLLM raises
     "ValueError: User-specified max_model_len (X) is greater than the derived
     max_model_len (max_position_embeddings=Y ...)" at engine start unless
     VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
-    Fix: shorter max_prompt_len or max_response_len, or a model with a longer context."""
+    Fix: shorter max_prompt_len or max_response_len (the rollout's or the evaluation's), or
+    a model with a longer context."""
     roll, limit = spec.rollout, spec.arch.max_position_embeddings
-    total = roll.max_prompt_len + roll.max_response_len
-    if total > limit:
-        yield Finding("rollout.max_response_len",
-                      f"max_prompt_len + max_response_len = {roll.max_prompt_len} + "
-                      f"{roll.max_response_len} = {total} exceeds the model's "
-                      f"max_position_embeddings {limit}",
-                      help=f"max_response_len = {max(limit - roll.max_prompt_len, 1)}",
-                      related=("rollout.max_prompt_len",))
+    lengths = [("rollout.max_response_len", roll.max_response_len)] + [
+        (f"eval.datasets[{i}].max_response_len", d.max_response_len)
+        for i, d in enumerate(spec.eval.datasets)]
+    for key, response in lengths:
+        total = roll.max_prompt_len + response
+        if total > limit:
+            yield Finding(key,
+                          f"max_prompt_len + {key.split('.', 1)[0]} max_response_len = "
+                          f"{roll.max_prompt_len} + {response} = {total} exceeds the model's "
+                          f"max_position_embeddings {limit}",
+                          help=f"max_response_len = {max(limit - roll.max_prompt_len, 1)}",
+                          related=("rollout.max_prompt_len",))
 
 
 def _vime_flag_of(arg: str) -> str | None:
@@ -210,3 +216,35 @@ def vllm_tp_divides_expert_ffn(spec: Spec):
                           f"expert FFN size {arch.moe_ffn_hidden_size} does not split over TP × DP "
                           f"= {ways} GPUs", help="expert_parallel = true",
                           related=("inference.gpus_per_engine",))
+
+
+@rule("V523", "eval-interval-without-datasets", severity="warning", enforced_by="vime")
+def eval_interval_without_datasets(spec: Spec):
+    """An evaluation interval with no dataset to evaluate.
+
+    eval.interval (upstream's --eval-interval) says when to evaluate; the datasets are the
+    [[eval.datasets]] tables (--eval-prompt-data NAME PATH). Without one, nothing is
+    evaluated and no eval/ metric appears.
+    Fix: add an [[eval.datasets]] table with name and prompt_data, or remove eval.interval."""
+    if spec.eval.interval is not None and not spec.eval.datasets:
+        yield Finding("eval.interval",
+                      f"eval.interval = {spec.eval.interval} but no [[eval.datasets]] table",
+                      help='add [[eval.datasets]] with name = "..." and prompt_data = "...", '
+                      "or remove eval.interval")
+
+
+@rule("V524", "eval-names-differ", enforced_by="vime")
+def eval_names_differ(spec: Spec):
+    """Two evaluation datasets share a name.
+
+    Each dataset's metrics are logged as eval/<name>/...; two datasets of one name would
+    write the same metrics and one would hide the other.
+    Fix: a different name for each [[eval.datasets]] table."""
+    seen: dict[str, int] = {}
+    for index, dataset in enumerate(spec.eval.datasets):
+        if dataset.name in seen:
+            yield Finding(f"eval.datasets[{index}].name",
+                          f"eval dataset name {dataset.name!r} is also dataset {seen[dataset.name]}'s",
+                          help=f'name = "{dataset.name}-{index}"',
+                          related=(f"eval.datasets[{seen[dataset.name]}].name",))
+        seen.setdefault(dataset.name, index)

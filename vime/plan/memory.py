@@ -145,24 +145,29 @@ def actor_shard(spec: Spec) -> ActorShard:
     dense_layers = layers - moe_layers
     vocab = padded_vocab(arch.vocab_size, par.tp)
     embeddings = (1 if arch.tie_word_embeddings or par.pp > 1 else 2) * arch.hidden_size * vocab
-    tp_sharded = (arch.attention_params * layers + arch.dense_mlp_params * dense_layers
-                  + embeddings) / par.tp
+    tp_sharded = ((arch.attention_params - arch.attention_replicated_params) * layers
+                  + arch.dense_mlp_params * dense_layers
+                  + arch.shared_expert_params * moe_layers + embeddings) / par.tp
     replicated = (2 * arch.hidden_size * layers + arch.hidden_size * arch.num_experts * moe_layers
-                  + arch.hidden_size)
+                  + arch.attention_replicated_params * layers + arch.hidden_size)
     expert = arch.expert_params * arch.num_experts * moe_layers / (par.ep * par.etp)
     return ActorShard(dense=tp_sharded + replicated, expert=expert)
 
 
 def vllm_weight_params(spec: Spec) -> float:
-    """Parameters on one vLLM GPU: attention, dense MLPs and vocabulary by TP; routed experts
-    by EP (the most loaded rank, redundant experts included) or, without EP, by TP × DP."""
+    """Parameters on one vLLM GPU: attention, dense MLPs, shared experts and vocabulary by TP
+    (MLA's down projections whole); routed experts by EP (the most loaded rank, redundant
+    experts included) or, without EP, by TP × DP."""
     arch, d = spec.arch, spec.derived
     tp = d.vllm_tp
     heads = 1 if arch.tie_word_embeddings else 2
     dense_layers = arch.num_layers - arch.num_moe_layers
-    sharded = (arch.attention_params * arch.num_layers + arch.dense_mlp_params * dense_layers
+    sharded = ((arch.attention_params - arch.attention_replicated_params) * arch.num_layers
+               + arch.dense_mlp_params * dense_layers
+               + arch.shared_expert_params * arch.num_moe_layers
                + heads * arch.embedding_params) / tp
     replicated = (2 * arch.hidden_size * arch.num_layers
+                  + arch.attention_replicated_params * arch.num_layers
                   + arch.hidden_size * arch.num_experts * arch.num_moe_layers)
     if not arch.is_moe:
         experts = 0.0
@@ -550,6 +555,17 @@ def max_num_batched_tokens(spec: Spec, gpu_bytes: float) -> int:
                        16384 if gpu_bytes >= 70 * GiB else 8192)
 
 
+def kv_bytes_per_token(arch: Arch, vllm_tp: int) -> int:
+    """bf16 KV cache of one token on one engine GPU. Attention keeps K and V of its KV heads
+    (split over TP, at least one head a GPU); MLA keeps one compressed latent of
+    kv_lora_rank + qk_rope_head_dim per layer, whole on every TP rank (vLLM's MLA backends,
+    vllm/model_executor/layers/attention/mla_attention.py: head_size = kv_lora_rank +
+    qk_rope_head_dim, num_kv_heads = 1)."""
+    if arch.is_mla:
+        return arch.num_layers * (arch.kv_lora_rank + arch.qk_rope_head_dim) * 2
+    return 2 * arch.num_layers * max(1, arch.num_kv_heads // vllm_tp) * arch.head_dim * 2
+
+
 def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     arch, d, inf = spec.arch, spec.derived, spec.inference
     weights = 2 * vllm_weight_params(spec)
@@ -566,9 +582,9 @@ def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     non_torch = _engine_non_torch(spec)
     budget = ceil(gpu_bytes * inf.gpu_memory_utilization)
     kv = budget - weights - activation - graphs - non_torch  # the context is not in the budget
-    kv_per_token = 2 * arch.num_layers * max(1, arch.num_kv_heads // d.vllm_tp) * arch.head_dim * 2
+    kv_per_token = kv_bytes_per_token(arch, d.vllm_tp)
     kv_tokens = max(int(kv // kv_per_token), 0)
-    max_len = spec.rollout.max_prompt_len + spec.rollout.max_response_len
+    max_len = spec.max_model_len
     engines = max(d.num_engines, 1)
     # measured for engines of one GPU (the start-up log); with tp or ep > 1 an estimate
     one_gpu = d.vllm_tp == 1 and not inf.expert_parallel
