@@ -1,16 +1,18 @@
 """The docs quote the tool and link files: both are checked here so neither can drift.
 
-A fenced block after `<!-- vime-output: plan SPEC [--set K=V]... -->` in README.md or
-docs/tutorial.md quotes that command's output. Its lines must appear in the real output of
-`python -m vime <command>` (stdout and stderr), in order; a line of only "..." or "…" elides
-output lines, and the lines between two elisions must be consecutive in the output. A first
-line `$ vime ...` (continued by trailing backslashes) shows the command and must be the one in
-the marker. Every relative link `[text](path)` in README.md and docs/*.md must name a file or
-folder of the repository.
+A fenced block after `<!-- vime-output: plan SPEC [--set K=V]... -->` in README.md or a
+docs/*.md page (README.md and docs/tutorial.md quote `vime plan`) quotes that command's output.
+Its lines must appear in the real output of `python -m vime <command>` (stdout and stderr), in
+order; a line of only "..." or "…" elides output lines, and the lines between two elisions must
+be consecutive in the output. A first line `$ vime ...` (continued by trailing backslashes)
+shows the command and must be the one in the marker. Every relative link `[text](path)` in README.md and docs/*.md must name a file or
+folder of the repository (and a heading of it after `#`), and every repository path a doc
+quotes as code (`specs/tiny_cpu.toml`, `runtime/rl/loop.py`) must exist.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 import shlex
@@ -20,21 +22,26 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-QUOTING_DOCS = [ROOT / "README.md", ROOT / "docs" / "tutorial.md"]
-LINKING_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # `vime plan` and `explain` are pure and fast; nothing a doc quotes may start a run.
 QUOTABLE_VERBS = {"plan", "explain"}
 ELISIONS = {"...", "…"}
 
 MARKER = re.compile(r"^<!-- vime-output: (?P<command>.+?) -->$")
 LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+# A path in backticks that starts at one of the repository's top folders.
+REPO_PATH = re.compile(r"`(?P<path>(?:specs|docs|tests|benchmarks|runtime|vime|schema|\.ci)/[\w./-]*)`")
 
 
+@dataclasses.dataclass(frozen=True)
 class Quote:
     """One marked block: where it is, the command, the shown command line and the lines."""
 
-    def __init__(self, doc: pathlib.Path, line: int, command: str, shown: str | None, lines: list[str]):
-        self.doc, self.line, self.command, self.shown, self.lines = doc, line, command, shown, lines
+    doc: pathlib.Path
+    line: int
+    command: str
+    shown: str | None
+    lines: list[str]
 
     def __repr__(self) -> str:
         return f"{self.doc.relative_to(ROOT)}:{self.line}: vime {self.command}"
@@ -93,7 +100,7 @@ def find_in_order(runs: list[list[str]], output: list[str]) -> str | None:
     return None
 
 
-ALL_QUOTES = [quote for doc in QUOTING_DOCS for quote in parse_quotes(doc)]
+ALL_QUOTES = [quote for doc in DOCS for quote in parse_quotes(doc)]
 
 
 def test_docs_quote_the_tool():
@@ -172,7 +179,7 @@ def anchors(doc: pathlib.Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("doc", LINKING_DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
+@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
 def test_relative_links_resolve(doc):
     broken = []
     for number, target in relative_links(doc):
@@ -190,3 +197,14 @@ def test_anchors_follow_github():
     assert "index-by-topic" in anchors(doc)
     assert "what-the-next-gpu-run-should-do-1" in anchors(doc)
     assert "the-backend-against-the-plain-loop-with-the-kernels-0991" in anchors(doc)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
+def test_quoted_paths_exist(doc):
+    missing = [
+        f"{doc.relative_to(ROOT)}:{number}: {match.group('path')}"
+        for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1)
+        for match in REPO_PATH.finditer(line)
+        if not (ROOT / match.group("path")).exists()
+    ]
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)
