@@ -12,6 +12,7 @@ quotes as code (`specs/tiny_cpu.toml`, `runtime/rl/loop.py`) must exist.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import pathlib
 import re
@@ -208,3 +209,36 @@ def test_quoted_paths_exist(doc):
         if not (ROOT / match.group("path")).exists()
     ]
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
+
+
+def make_targets() -> set[str]:
+    """Return the Makefile's targets: the names before a colon at the start of a line."""
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([a-z][a-z-]*):", text, flags=re.MULTILINE))
+
+
+def vime_verbs() -> set[str]:
+    """Return the CLI's verbs as its parser has them."""
+    from vime.cli import build_parser
+
+    parser = build_parser()
+    (verbs,) = (action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    return set(verbs.choices)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
+def test_quoted_commands_exist(doc):
+    targets, verbs = make_targets(), vime_verbs()
+    unknown = []
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
+        unknown += [
+            f"{doc.relative_to(ROOT)}:{number}: make {name}"
+            for name in re.findall(r"`make ([a-z][a-z-]*)", line)
+            if name not in targets
+        ]
+        unknown += [
+            f"{doc.relative_to(ROOT)}:{number}: vime {name}"
+            for name in re.findall(r"`vime ([a-z]+)", line)
+            if name not in verbs
+        ]
+    assert not unknown, "commands that do not exist:\n" + "\n".join(unknown)
