@@ -1,7 +1,8 @@
 """`vime import`: an upstream vime or slime launch script (or a train.py flag list) -> a spec.
 
     read (shell.py, never runs anything) -> argv -> map (mapping.py through table.py)
-    -> keys + findings -> complete (cluster, model, upstream defaults) -> TOML (toml_out.py)
+    -> keys + findings -> complete (cluster, model, algorithm, eval, dynamic sampling,
+    offload, upstream defaults) -> TOML (toml_out.py)
 
 Called by vime/cli.py's `import` verb; imports nothing heavier than the flag catalogues.
 """

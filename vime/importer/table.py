@@ -27,7 +27,7 @@ from dataclasses import dataclass
 class Flag:
     names: tuple[str, ...]  # option strings; the first is shown
     kind: str  # key | arch | cluster | joint | derived | not_yet | none
-    key: str = ""  # key / arch / cluster: the spec key; not_yet: the key it will be
+    key: str = ""  # key / arch / cluster / joint: the spec key; not_yet: the key it will be
     value: str = "str"  # str int float true false ints choice reward reward_name function json
     # layer_freq pairs
     severity: str = "error"  # derived/not_yet/none: the diagnostic's severity
