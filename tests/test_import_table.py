@@ -18,6 +18,7 @@ SCHEMA = json.loads((ROOT / "schema" / "vime.schema.json").read_text())
 def _schema_has(dotted: str) -> bool:
     node = SCHEMA
     for part in dotted.split("."):
+        node = node.get("items", node)  # an array of tables: its tables' keys
         node = node.get("properties", {}).get(part)
         if node is None:
             return False
@@ -33,6 +34,8 @@ def test_every_row_names_a_flag_some_parser_has():
     upstream = {option for options in upstream_options().values() for option in options}
     for row in table.FLAGS:
         for name in row.names:
+            if name.startswith("--no-") and "--" + name[len("--no-"):] in upstream:
+                continue  # argparse.BooleanOptionalAction's negative spelling
             if row.source == "sglang":
                 assert name.startswith("--sglang-"), name
             elif name.startswith("--vllm-"):
@@ -44,7 +47,7 @@ def test_every_row_names_a_flag_some_parser_has():
 
 def test_every_key_row_names_a_schema_key():
     for row in table.FLAGS:
-        if row.kind in ("key", "cluster") and row.value != "json":
+        if row.kind in ("key", "cluster", "joint") and row.value != "json":
             assert _schema_has(row.key), row.key
         if row.kind == "arch":
             assert _schema_has(f"model.arch.{row.key}"), row.key

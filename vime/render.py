@@ -66,8 +66,8 @@ def _groups_line(name: str, flat: list[int], size: int, limit: int = 6) -> str:
 
 
 # A plan of many nodes or engines prints the first few and the last one and says which it left
-# out, as numpy prints a long array (issue 17: 4,096 nodes × 64 GPUs printed 23-43 MB, a line
-# per engine and a block per node); `vime plan --json` lists every one. Up to SHOWN_IN_FULL
+# out, as numpy prints a long array (4,096 nodes × 64 GPUs in full are 23-43 MB of text, a
+# line per engine and a block per node); `vime plan --json` lists every one. Up to SHOWN_IN_FULL
 # of each, and an engine's nodes up to NODES_LISTED, the text is what it always was.
 SHOWN_IN_FULL = 16
 NODES_SHOWN = 2  # first nodes shown beyond SHOWN_IN_FULL, then the last

@@ -91,7 +91,7 @@ class TrainSlice:
     cpu_threads: int
     args: tuple[str, ...] = ()  # megatron.args of the job folder, for the Megatron backend
     # the rollout's top-p: below 1, log-probs are of the nucleus the engine sampled from,
-    # renormalised (runtime/core/nucleus.py, issue 14); a default, so slices built by hand
+    # renormalised (runtime/core/nucleus.py); a default, so slices built by hand
     # (benchmarks) keep the whole vocabulary
     top_p: float = 1.0
     # train.transformer_impl: the actor's layer spec, auto | transformer_engine | local (the

@@ -1,5 +1,6 @@
 """What the default driver would stop on after Ray's start-up, checked on the head node before
-Ray starts (issue 15: a missing prompt file was found after the queue wait and 40 s of Ray).
+Ray starts: otherwise a missing prompt file is found after the queue wait and Ray's start-up
+(tests/launch/test_start.py).
 
 - data.prompt_data must be a file the head can open: on Slurm the path may exist only on the
   cluster, so `vime submit` cannot check it, and `--local` checks it before the job with the

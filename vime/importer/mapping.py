@@ -46,6 +46,7 @@ class Mapped:
     extra_args: list[str] = field(default_factory=list)
     arch: dict[str, tuple[object, Origin]] = field(default_factory=dict)
     cluster: dict[str, tuple[object, Origin]] = field(default_factory=dict)
+    joint: dict[str, tuple[object, Origin]] = field(default_factory=dict)  # row.name -> value
 
     def set(self, dotted: str, value, origin: Origin) -> None:
         self.values[dotted] = value
@@ -93,6 +94,8 @@ def _convert(row: table.Flag, flag: str, words: tuple[Word, ...]):
         if texts:
             raise ValueError(f"{flag} is a switch; it was given {' '.join(map(str, texts))!r}")
         return kind == "true"
+    if kind == "pairs":
+        return _eval_pairs(flag, texts)
     if kind == "ints":
         if not texts:
             raise ValueError(f"{flag} needs one or more integers")
@@ -133,7 +136,7 @@ def _convert(row: table.Flag, flag: str, words: tuple[Word, ...]):
                              f"{', '.join(sorted(BUILTIN_REWARDS))}; a reward of your own is "
                              "rollout.reward = \"module.path:function\"")
         return text
-    if kind == "reward":
+    if kind in ("reward", "function"):
         module, _, function = text.rpartition(".")
         if not module:
             raise ValueError(f"{flag} {text!r} is not module.function")
@@ -149,6 +152,22 @@ def _convert(row: table.Flag, flag: str, words: tuple[Word, ...]):
     if kind == "layer_freq":
         return _layer_freq(flag, text)
     return text
+
+
+def _eval_pairs(flag: str, texts: list) -> list[tuple[str, str]]:
+    """--eval-prompt-data NAME PATH [NAME PATH ...]: (name, path) pairs; a PATH alone is
+    upstream's "aime" (slime/utils/arguments.py, _resolve_eval_datasets)."""
+    if len(texts) == 1:
+        return [("aime", texts[0])]
+    if not texts or len(texts) % 2:
+        raise ValueError(f"{flag} takes NAME PATH pairs; it was given {len(texts)} words: "
+                         f"{' '.join(map(str, texts))!r}")
+    pairs = [(texts[i], texts[i + 1]) for i in range(0, len(texts), 2)]
+    for name, _path in pairs:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"{flag}: the dataset name {name!r} is not letters, digits, "
+                             "'_', '.' and '-' (eval.datasets' name)")
+    return pairs
 
 
 def _layer_freq(flag: str, text: str):
@@ -233,6 +252,8 @@ def map_flags(argv: list[Word]) -> Mapped:
             mapped.arch[row.key] = (value, origin)
         elif row.kind == "cluster":
             mapped.cluster[row.name] = (value, origin)
+        elif row.kind == "joint":  # a switch; its --no- spelling is false
+            mapped.joint[row.name] = (not item.flag.startswith("--no-"), origin)
         elif row.value == "json":
             _eplb_config(mapped, value, origin, item)
         else:

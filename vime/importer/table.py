@@ -5,7 +5,8 @@ same rows (`python -m vime.importer.docs`). A row says what becomes of one flag:
 
   key      the flag's value is a spec key (`value` says how the words are read)
   arch     a model flag: a [model.arch] key, checked against config.json when it is readable
-  cluster  a flag of the cluster or placement, combined in mapping.cluster_keys
+  cluster  a flag of the cluster or placement, combined in vime/importer/__init__.py's _cluster
+  joint    a flag read with others into one key (train.offload), in vime/importer/__init__.py
   derived  vime sets this itself (V965); a value other than `expect` is an error (V963)
   not_yet  a key being added to vime (V964): the row names the key it will map to
   none     vime has no equivalent (V963): `why` says why and what to do
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Flag:
     names: tuple[str, ...]  # option strings; the first is shown
-    kind: str  # key | arch | cluster | derived | not_yet | none
-    key: str = ""  # key / arch / cluster: the spec key; not_yet: the key it will be
-    value: str = "str"  # str int float true false ints choice reward reward_name json layer_freq
+    kind: str  # key | arch | cluster | joint | derived | not_yet | none
+    key: str = ""  # key / arch / cluster / joint: the spec key; not_yet: the key it will be
+    value: str = "str"  # str int float true false ints choice reward reward_name function json
+    # layer_freq pairs
     severity: str = "error"  # derived/not_yet/none: the diagnostic's severity
     why: str = ""  # the report's explanation and the docs' text
     expect: tuple[str, ...] = ()  # derived: the values vime uses
@@ -68,11 +70,9 @@ def none(names, why, severity="error", source="slime") -> Flag:
 
 
 QWEN3 = "vime builds Qwen3 / Qwen3-MoE layers this way from the architecture"
-EVAL = ("evaluation datasets are being added to vime as their own keys; until then the run "
-        "trains without the periodic evaluation")
 
 FLAGS: tuple[Flag, ...] = (
-    # cluster and placement (mapping.cluster_keys combines them)
+    # cluster and placement (vime/importer/__init__.py's _cluster combines them)
     Flag(("--actor-num-nodes",), "cluster", "cluster.nodes", "int",
          why="with --colocate the cluster's nodes; without, the actor's nodes (train.num_gpus)"),
     Flag(("--actor-num-gpus-per-node",), "cluster", "cluster.gpus_per_node", "int"),
@@ -168,19 +168,59 @@ FLAGS: tuple[Flag, ...] = (
             "the loss aggregation is being added to vime's [algorithm]"),
     not_yet("--calculate-per-token-loss", "algorithm (loss aggregation)",
             "the loss aggregation is being added to vime's [algorithm]", source="megatron"),
-    not_yet(("--over-sampling-batch-size", "--dynamic-sampling-filter-path"),
-            "algorithm (dynamic sampling)",
-            "dynamic sampling (DAPO's filter of all-equal groups) is being added to vime"),
-    not_yet(("--offload", "--offload-train", "--offload-rollout"), "train (offload mode)",
-            "an offload mode is being added to vime; a colocated vime job already frees the "
-            "GPUs between phases", severity="warning"),
-    # evaluation
-    not_yet(("--eval-interval", "--eval-prompt-data", "--n-samples-per-eval-prompt",
-             "--eval-max-response-len", "--eval-max-prompt-len", "--eval-top-p", "--eval-top-k",
-             "--eval-temperature", "--eval-input-key", "--eval-label-key", "--eval-config",
-             "--skip-eval-before-train", "--eval-function-path", "--eval-max-context-len",
-             "--eval-min-new-tokens", "--eval-reward-key", "--eval-tool-key"),
-            "evaluation datasets", EVAL, severity="warning"),
+    # dynamic sampling (vime/importer/__init__.py's _dynamic_sampling reads the filter)
+    key("--dynamic-sampling-filter-path", "rollout.dynamic_sampling_filter", "function",
+        why="slime's or upstream vime's check_reward_nonzero_std is rollout.dynamic_sampling = "
+        "true alone (check_reward_nonzero_std_with_fallback: and dynamic_sampling_max_attempts "
+        "= 1); another filter becomes dynamic_sampling_filter, which upstream calls as "
+        "filter(args, samples) and vime as filter(rewards=, responses=, prompt=, label=) "
+        "(runtime/rl/sampling.py): V963 until it is wrapped"),
+    key("--over-sampling-batch-size", "rollout.over_sampling_batch_size", "int",
+        why="prompts per attempt of dynamic sampling; without it vime generates batch_size "
+        "prompts a rollout (upstream generates this many and trains on batch_size of them)"),
+    # offload of a colocated run (vime/importer/__init__.py's _offload combines them)
+    Flag(("--offload",), "joint", "train.offload", "true",
+         why="--offload-train and --offload-rollout: with --colocate, train.offload = \"always\""),
+    Flag(("--offload-train", "--no-offload-train"), "joint", "train.offload", "true",
+         why="upstream offloads the actor and the engines of a colocated run unless told "
+         "otherwise; vime's modes move both or neither: both asked for is \"always\", both "
+         "refused is \"never\", no flag leaves vime's \"auto\" (resident when `vime plan` "
+         "finds they fit on a GPU together)"),
+    Flag(("--offload-rollout", "--no-offload-rollout"), "joint", "train.offload", "true",
+         why="see --offload-train"),
+    # evaluation (vime/importer/__init__.py's _eval builds [eval] and [[eval.datasets]])
+    key("--eval-prompt-data", "eval.datasets", "pairs",
+        why="NAME PATH [NAME PATH ...]: one [[eval.datasets]] table (name, prompt_data) per "
+        "pair; a PATH alone is named aime, as upstream names it"),
+    key("--eval-interval", "eval.interval", "int", source="megatron",
+        why="upstream evaluates after rollout r − 1 for every r divisible by the interval: the "
+        "weights vime's rollout r generates with; without it upstream never evaluates "
+        "(eval.at_start and eval.at_end false), and the final weights only when it divides "
+        "--num-rollout (eval.at_end)"),
+    key("--skip-eval-before-train", "eval.at_start", "false",
+        why="without it upstream evaluates the initial weights when --eval-interval is set"),
+    key("--n-samples-per-eval-prompt", "eval.datasets.n_samples_per_prompt", "int",
+        why="every dataset's"),
+    key("--eval-max-response-len", "eval.datasets.max_response_len", "int",
+        why="every dataset's"),
+    key("--eval-temperature", "eval.datasets.temperature", "float", why="every dataset's"),
+    key("--eval-top-p", "eval.datasets.top_p", "float", why="every dataset's"),
+    key("--eval-input-key", "eval.datasets.input_key", why="every dataset's"),
+    key("--eval-label-key", "eval.datasets.label_key", why="every dataset's"),
+    none("--eval-config", "vime reads no evaluation config file: write one [[eval.datasets]] "
+         "table per dataset of the file (name, prompt_data and its settings)",
+         severity="warning"),
+    none("--eval-max-prompt-len", "vime drops evaluation prompts longer than "
+         "rollout.max_prompt_len, as it drops training prompts", severity="warning"),
+    none("--eval-max-context-len", "vime's engines hold rollout.max_prompt_len plus the longest "
+         "max_response_len of the rollout and the evaluation datasets", severity="warning"),
+    none(("--eval-top-k", "--eval-min-new-tokens"), "vime samples evaluations with "
+         "temperature and top-p only", severity="warning"),
+    none("--eval-function-path", "vime generates evaluations on its rollout engines, as it "
+         "generates rollouts", severity="warning"),
+    none("--eval-reward-key", "the evaluation's --reward-key: vime has no key that picks one "
+         "value of a reward's result", severity="warning"),
+    none("--eval-tool-key", "vime's prompts carry no tool definitions", severity="warning"),
     # logging
     key("--wandb-project", "logging.wandb_project"),
     key("--wandb-group", "logging.wandb_group"),

@@ -13,7 +13,7 @@ from vime.importer import ImportResult
 
 TABLE_ORDER = ("experiment", "cluster", "model", "model.arch", "data", "rollout", "train",
                "train.parallel", "train.optimizer", "algorithm", "inference", "inference.eplb",
-               "checkpoint", "logging")
+               "checkpoint", "logging", "eval")
 
 
 def _comment(text: str) -> str:
@@ -59,10 +59,27 @@ def render(result: ImportResult, spec_dir: str | None = None) -> str:
     order = [t for t in TABLE_ORDER if t in tables] + sorted(t for t in tables
                                                              if t not in TABLE_ORDER)
     for table in order:
-        lines += ["", f"[{table}]"]
+        keys = {name: value for name, value in tables[table].items() if not _is_tables(value)}
+        if keys:
+            lines += ["", f"[{table}]"]
+            lines += _keys(result, table, keys)
         for name, value in tables[table].items():
-            origin = result.origins.get(f"{table}.{name}")
-            if origin is not None:
-                lines.append(_comment(f"# {origin.flag}{_where(origin.file, origin.line)}"))
-            lines.append(f"{name} = {_value(value)}")
+            if _is_tables(value):  # an array of tables: each with its keys' comments
+                for item in value:
+                    lines += ["", f"[[{table}.{name}]]"]
+                    lines += _keys(result, f"{table}.{name}", item)
     return "\n".join(lines) + "\n"
+
+
+def _is_tables(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _keys(result: ImportResult, table: str, keys: dict[str, object]) -> list[str]:
+    lines = []
+    for name, value in keys.items():
+        origin = result.origins.get(f"{table}.{name}")
+        if origin is not None:
+            lines.append(_comment(f"# {origin.flag}{_where(origin.file, origin.line)}"))
+        lines.append(f"{name} = {_value(value)}")
+    return lines

@@ -10,7 +10,7 @@ relative path made absolute, from the folder it was relative to:
   model.torch_dist_checkpoint, model.load, model.save
       the spec's folder, as the compiler reads config.json; a path found only in the folder
       vime runs in is taken from there, as the runtime did for `--local`
-      (runtime/slices.py, _path). model.hf_checkpoint only when it exists here: otherwise
+      (runtime/core/slices.py, _path). model.hf_checkpoint only when it exists here: otherwise
       it may be a Hugging Face model id, which vLLM resolves itself.
   experiment.output_dir
       the folder vime runs in: the job folder is made there (submit.experiment_dir).

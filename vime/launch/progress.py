@@ -1,5 +1,5 @@
 """What `vime submit --local` and `--ray-address` show while the job runs, and `vime logs -f`
-for any job (issue 15): the head node's own `vime:` lines from logs/node-0.log (Ray ready,
+for any job: the head node's own `vime:` lines from logs/node-0.log (Ray ready,
 the prompts, the actors, resumed from ...), then one line per rollout from metrics.jsonl with
 the run's progress over rollout.num_rollout and an ETA, a summary and the outcome at the end.
 

@@ -4,7 +4,7 @@ Runs only on a spec that check accepted, so every division here is exact.
 
 The actor's ranks and the rollout's engines are sequences computed on demand, and by columns
 for the renderers: a plan of the largest cluster the schema admits has 262,144 of each, and
-`vime plan` must still answer within a second (issue 17).
+`vime plan` must still answer within a second (benchmarks/plan_startup.py).
 """
 
 from __future__ import annotations

@@ -33,10 +33,10 @@ GiB = 1024**3
 # Allowances, per GPU.
 # The actor's memory outside torch's caching allocator (CUDA context, cuBLAS workspaces, loaded
 # kernels, NCCL's communicators), which neither max_memory_allocated nor max_memory_reserved
-# counts. Issue 18 measured 2.06 GiB on every case of vime's own backend step on one H200
+# counts: 2.06 GiB measured on every case of vime's own backend step on one H200
 # (seven shapes, 4k-24k tokens); a stand-in megatron-core loop held 2.4 GiB on one GPU and
 # 3.8-4.4 GiB on each of two, so groups of more than one rank add up to 2.0 GiB (4.4 - 2.4, the
-# most seen). Not measured beyond two GPUs. (The planner had 0.6 + 1.0 GiB.)
+# most seen; docs/memory-validation.md). Not measured beyond two GPUs.
 ACTOR_OUTSIDE_TORCH = 2.06 * GiB
 ACTOR_NCCL = 2.0 * GiB
 FRAGMENTATION = 0.10  # caching-allocator slack (reserved over allocated), measured 2-21%
@@ -225,12 +225,12 @@ def routing_imbalance(spec: Spec) -> float:
 # an int64 [tokens, experts] map (8·experts). Counted from megatron-core 0.19's MLP, router and
 # alltoall dispatcher and runtime/megatron/grouped_experts.py, and measured equal to the byte
 # for SequentialMLP and GroupedMLP on the CPU with a real MoE layer, five shapes
-# (tests/oracle/test_megatron_moe_activations.py). The planner had 4·hidden + 6·ffn per row.
+# (tests/oracle/test_megatron_moe_activations.py).
 ROUTED_ROW_HIDDEN_BYTES, ROUTED_ROW_FFN_BYTES, ROUTED_ROW_BYTES = 2, 12, 24
 ROUTER_EXPERT_BYTES = 8
 # A dense MLP per token: fc1's output, the SiLU output, the up projection and the GLU product
 # fc2 keeps (4 + 2 + 2 + 2 bytes per ffn entry), its input being the norm's output; measured on
-# the CPU (same test). The planner had 6.
+# the CPU (same test).
 DENSE_FFN_BYTES = 10
 
 
@@ -244,8 +244,8 @@ def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool,
     pre-MLP norm input and output, then the dense MLP's or the MoE layer's own tensors (the
     constants above). With sequence parallelism each TP rank routes its own slice of the
     tokens; with etp > 1 the dispatcher gathers the rows of the etp group, so each rank
-    processes etp times its slice's routed rows at ffn ÷ etp (issue 18 saw every rank of etp 2
-    process all T·K rows); `imbalance` scales the routed rows of the busiest EP rank.
+    processes etp times its slice's routed rows at ffn ÷ etp (every rank of etp 2 processed all
+    T·K rows on an H200: docs/memory-validation.md); `imbalance` scales the routed rows of the busiest EP rank.
     """
     par = spec.train.parallel
     h, d, tp = arch.hidden_size, arch.head_dim, par.tp
@@ -342,7 +342,7 @@ def _adam_step_basis(spec: Spec) -> Basis:
 
 
 # The layer shapes the H200 measured (Qwen3-30B-A3B's): outside them, or at another layout, the
-# activation term is an estimate (issue 18 found other shapes over-predicted).
+# activation term is an estimate (other shapes were over-predicted: docs/memory-validation.md).
 MEASURED_LAYER = {"hidden_size": 2048, "num_attention_heads": 32, "num_kv_heads": 4,
                   "head_dim": 128, "num_experts": 128, "topk": 8, "moe_ffn_hidden_size": 768}
 
@@ -365,7 +365,7 @@ def actor_outside_torch(spec: Spec) -> tuple[float, Basis]:
     return ACTOR_OUTSIDE_TORCH + ACTOR_NCCL, basis
 
 
-# The loss head (runtime/core/loss_head.py, issue 18): the log-probs and entropy from the final
+# The loss head (runtime/core/loss_head.py): the log-probs and entropy from the final
 # hidden states and the output weight, a chunk of tokens at a time, with no [tokens, vocab]
 # tensor (the whole-vocabulary fp32 log-softmax it replaced held 16 bytes per token per
 # vocabulary entry, 14.9 measured on an H200: docs/memory-validation.md). What it holds:

@@ -39,7 +39,7 @@ GPU_MEMORY_GIB = {
 }
 
 # How nvidia-smi and people write the same cards: "h100", "NVIDIA A100-SXM4-80GB" (with the
-# space as - or _), "A100-80G" (issue 17: case and the form factor made known cards unknown).
+# space as - or _), "A100-80G": case and the form factor do not make a known card unknown.
 _FORM_FACTORS = re.compile(r"-(SXM\d?|PCIE)(?=-|$)")
 
 
