@@ -4,7 +4,8 @@ A reward is called once per sample with keyword arguments
 
     reward(prompt: str, response: str, label) -> float | dict     (or `async def`)
 
-(and metadata=, the row's data.metadata_keys, when the spec names any). An http(s) URL
+(and metadata=, the row's data.metadata_keys, when the spec names any and the reward takes a
+`metadata` argument or **kwargs). An http(s) URL
 scores the rollout's samples in batches on a reward server (runtime/rl/reward_server.py).
 
 `prompt` is the prompt text as sent (after the chat template), `response` the decoded
@@ -312,6 +313,15 @@ def function_name(reward_fn: RewardFn) -> str:
     return f"{module}:{name}" if module else name
 
 
+def _accepts(function, name: str) -> bool:
+    """Whether function takes a keyword argument `name` (by name or through **kwargs)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: pass it
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 async def _awaited(awaitable):
     return await awaitable
 
@@ -334,6 +344,8 @@ class RewardCaller:
                  log: Callable[[str], None] = print):
         self.reward_fn, self.timeout_s, self.log = reward_fn, timeout_s, log
         self.name = function_name(reward_fn)
+        # metadata= (data.metadata_keys) goes only to a reward that names it or takes **kwargs
+        self._takes_metadata = _accepts(reward_fn, "metadata")
         self._warned_rollout: int | None = None
         self._lock = threading.Condition()
         self._deadline: float | None = None  # of the call in progress
@@ -360,6 +372,8 @@ class RewardCaller:
             raise _RewardTimeout
 
     def _run(self, kwargs: dict):
+        if "metadata" in kwargs and not self._takes_metadata:
+            kwargs = {k: v for k, v in kwargs.items() if k != "metadata"}
         result = self.reward_fn(**kwargs)
         if inspect.isawaitable(result):  # an `async def` reward
             result = asyncio.run(_awaited(result))

@@ -137,3 +137,15 @@ def test_the_loop_scored_by_a_server_repeats_the_loop_scored_in_process(tmp_path
         for key in ("reward/mean", "reward/acc", "train/pg_loss", "eval/arith/reward"):
             if key in want:
                 assert have[key] == pytest.approx(want[key], abs=1e-9), key
+
+
+def with_metadata(prompt, response, label, metadata):
+    return float(metadata["operands"] == [1, 2])
+
+
+def test_metadata_reaches_a_reward_that_takes_it_and_spares_one_that_does_not():
+    call = {"prompt": "p", "response": r"\boxed{3}", "label": "3",
+            "metadata": {"operands": [1, 2]}}
+    assert rewards.caller(with_metadata, 5.0).score_many(SAMPLES[:1], [call]) == [(1.0, {})]
+    assert rewards.caller(rewards.load("deepscaler"), 5.0).score_many(
+        SAMPLES[:1], [call]) == [(1.0, {})]
