@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from specsupport import ROOT, run_spec
 
+from vime import render
 from vime.emit import megatron, vllm
 
 SPEC = ROOT / "specs" / "qwen3_30b.toml"
@@ -27,3 +28,10 @@ def test_the_longest_multi_turn_sample_sizes_the_plan():
     assert multi.plan.memory.rollout.sequences_at_once < single.plan.memory.rollout.sequences_at_once
     assert _flag(vllm.vllm_args(multi.plan), "--max-model-len") == str(prompt + 20000)
     assert _flag(megatron.megatron_args(multi.plan), "--seq-length") == str(prompt + 20000)
+
+
+
+def test_vime_plan_names_the_function_and_its_limits():
+    text = render.plan_text(run_spec(ROOT / "specs" / "tiny_cpu_tools.toml").plan)
+    assert ("  rollout function runtime.toy_tools:rollout: ≤ 2 turns of ≤ 6 tokens, ≤ 18 "
+            "tokens after\n    the prompt (engines' max_model_len 32 + 18 = 50)") in text
