@@ -67,6 +67,7 @@ def import_words(words: list[Word], name: str, source: str, environ: dict[str, s
     _cluster(mapped, reading)
     _model(mapped)
     _algorithm(mapped)
+    _save_hf(mapped)
     if mapped.extra_args:
         mapped.values["inference.extra_args"] = list(mapped.extra_args)
     for dotted, (default, flag, whose) in table.UPSTREAM_DEFAULTS.items():
@@ -247,6 +248,25 @@ def _algorithm(mapped: Mapped) -> None:
     if "--eps-clip-high" not in given:
         mapped.set("algorithm.eps_clip_high", values.get("algorithm.eps_clip", 0.2),
                    Origin("no --eps-clip-high: the same as --eps-clip"))
+
+
+def _save_hf(mapped: Mapped) -> None:
+    """--save-hf PATH: train.py writes an HF folder with every checkpoint, so the interval is
+    --save-interval's; without it train.py saves neither (and neither does the spec)."""
+    path = mapped.values.get("checkpoint.save_hf_interval")
+    if not isinstance(path, str):
+        return
+    origin = mapped.origins["checkpoint.save_hf_interval"]
+    interval = mapped.values.get("checkpoint.save_interval")
+    if isinstance(interval, int):
+        mapped.set("checkpoint.save_hf_interval", interval,
+                   Origin(f"--save-hf with --save-interval {interval}", origin.file, origin.line))
+        return
+    del mapped.values["checkpoint.save_hf_interval"], mapped.origins["checkpoint.save_hf_interval"]
+    mapped.report("V963", f"--save-hf {path}: without --save-interval train.py saves no "
+                  "checkpoint and so no HF folder", Word(path, origin.file, origin.line),
+                  "give --save-interval, or set checkpoint.save_hf_interval in the spec",
+                  "warning")
 
 
 __all__ = ["ImportResult", "import_argv", "import_script", "Unknown"]
