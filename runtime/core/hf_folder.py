@@ -30,8 +30,22 @@ def write_weights(tensors: Mapping, folder: Path, config: Mapping | None) -> Non
 
     save_file(dict(tensors), str(Path(folder) / WEIGHTS_FILE), metadata={"format": "pt"})
     if config is not None:
-        (Path(folder) / CONFIG_FILE).write_text(json.dumps(dict(config), indent=1,
+        (Path(folder) / CONFIG_FILE).write_text(json.dumps(with_architectures(config), indent=1,
                                                            sort_keys=True) + "\n")
+
+
+def with_architectures(config: Mapping) -> dict:
+    """config with "architectures" (the model class vLLM looks up; without one its registry
+    says "No model architectures are specified", vllm/model_executor/models/registry.py)
+    filled in from model_type when it has none."""
+    config = dict(config)
+    if not config.get("architectures"):
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        found = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type", ""))
+        if found:
+            config["architectures"] = [found]
+    return config
 
 
 def copy_tokenizer(source: Path, folder: Path) -> list[str]:
