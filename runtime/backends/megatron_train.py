@@ -540,7 +540,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
     def save_hf(self, path: Path) -> None:
         """The full tensors gathered from every rank (a collective), written by rank 0 with
         the writer and gather of `vime convert --to hf` (runtime/megatron/convert.py), so the
-        folder is byte for byte the conversion of this step's torch_dist checkpoint."""
+        weights file is byte for byte the conversion of this step's torch_dist checkpoint."""
         from runtime.megatron.convert import gather_hf
 
         with self._weights_readable():
