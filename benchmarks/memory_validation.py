@@ -4,8 +4,8 @@
     python benchmarks/memory_validation.py --grid backend-grid.jsonl
 
 Without --grid the file is benchmarks/gpu/megatron_memory.py's (the plain megatron-core loop);
-with --grid it is benchmarks/gpu/backend_memory_grid.py's (vime's own Megatron backend step,
-issue 18 item 2), whose lines each carry the case's whole definition: see predict_grid.
+with --grid it is benchmarks/gpu/backend_memory_grid.py's (vime's own Megatron backend step),
+whose lines each carry the case's whole definition: see predict_grid.
 
 For each measured case it plans the same spec (Qwen3-30B-A3B layer shapes with the measured
 layer count, one H200, tp = ep = 1, SequentialMLP experts as then, the measured tokens and
@@ -15,7 +15,7 @@ max_memory_reserved. The memory outside torch's allocator (CUDA context, NCCL) i
 torch counters and is left out of both sides.
 
 The measured loop's loss is a whole-vocabulary fp32 log-softmax (megatron_memory.py's
-grpo_step), not the runtime's chunked loss head (runtime/core/loss_head.py, issue 18) that the
+grpo_step), not the runtime's chunked loss head (runtime/core/loss_head.py) that the
 planner's "logits" term now follows; for those measurements the table puts back the term the
 planner had for it, WHOLE_VOCABULARY_BYTES per token per vocabulary entry.
 """
@@ -48,9 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NOT_ALLOCATED = ("allowance", "sleeping engine")
 # the whole-vocabulary log-softmax's bytes per token per vocabulary entry (bf16 logits, the fp32
 # log-softmax kept for the backward, the backward's fp32 gradients of its output and input and a
-# bf16 gradient; 14.9 measured), the planner's loss head until issue 18
+# bf16 gradient; 14.9 measured), the planner's loss head before the chunked one
 WHOLE_VOCABULARY_BYTES = 16
-# what ran on 2026-11-29: SequentialMLP experts (the grouped ones came with issue 19)
+# what ran on 2026-11-29: SequentialMLP experts (before the grouped ones)
 SEQUENTIAL = 'cluster.env.VIME_MOE_EXPERTS="sequential"'
 
 

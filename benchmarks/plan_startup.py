@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/plan_startup.py [--runs N]. Prints a Markdown table row set (the plans
 themselves go to /dev/null); results are recorded in benchmarks/RESULTS.md with the date and
-machine. The last four cases are the largest cluster the schema admits (issue 17).
+machine. The last four cases are the largest cluster the schema admits.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> None:
         "vime plan specs/qwen3_30b_24gpu_eplb.toml --json": [
             sys.executable, "-m", "vime", "plan", "specs/qwen3_30b_24gpu_eplb.toml", "--json"],
     }
-    # the largest cluster the schema admits (issue 17: within a second on any admitted spec)
+    # the largest cluster the schema admits (within a second on any admitted spec)
     for name, sets in LARGEST.items():
         argv = [sys.executable, "-m", "vime", "plan", "specs/qwen3_30b.toml"]
         argv += [arg for item in sets for arg in ("--set", item)]

@@ -1,2 +1,3 @@
-"""What runs on the cluster: the job entry point and Ray bootstrap (issue 5), the RL driver
-(issue 6), the Megatron actor (issue 7) and the vLLM rollout engines (issue 8)."""
+"""What runs on the cluster: the job entry point and Ray bootstrap (node/), the RL loop (rl/),
+the training and rollout workers (workers/) and their backends, Megatron and vLLM among them
+(backends/, megatron/). runtime/README.md has the layers."""

@@ -19,7 +19,7 @@ def largest(path: str) -> int:
     return schema.node(tuple(path.split(".")))["maximum"]
 
 
-# --set arguments of specs/qwen3_30b.toml at the schema's maxima that check accepts (issue 17):
+# --set arguments of specs/qwen3_30b.toml at the schema's maxima that check accepts:
 # the largest cluster (4096 nodes × 64 GPUs) with the seed's layout (32,768 engines of 8 GPUs),
 # and with every parallel size 1 and one-GPU engines (the most ranks per group kind, groups and
 # engines: 262,144 each), with the largest admitted counts elsewhere

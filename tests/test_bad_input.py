@@ -1,4 +1,4 @@
-"""Issue 17, bad input: huge integers, files that are not UTF-8, an empty spec, a key written
+"""Bad input: huge integers, files that are not UTF-8, an empty spec, a key written
 twice, unknown keys from --set, GPU names as people write them."""
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_an_unknown_gpu_says_the_memory_plan_is_skipped():
 @pytest.mark.parametrize("fmt", ["text", "json"])
 @pytest.mark.parametrize("case", list(LARGEST))
 def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt):
-    # Issue 17's done-when: `vime plan` returns within a second on any spec the schema admits.
+    # `vime plan` returns within a second on any spec the schema admits.
     # This is an upper bound that catches a return of per-rank Python work (this plan took
     # 4-11 s before; 0.6-1.0 s of CPU after, on the 2-core machine it was written on: 132-201
     # MB of JSON; the text, 23-43 MB then, now shows three nodes and seven engines, 0.2 s), not

@@ -179,7 +179,7 @@ def _plan_lines(capsys, *sets: str) -> list[str]:
 
 def test_plan_text_summarises_beyond_16_nodes_and_engines(capsys):
     # 16 nodes and 16 engines are all shown; a 17th leaves out all but the first and the last
-    # (issue 17: the largest cluster printed 23-43 MB); an engine on 9 nodes names a range
+    # (the largest cluster in full is 23-43 MB); an engine on 9 nodes names a range
     batch = ["rollout.batch_size=64", "train.global_batch_size=128"]
     sixteen = _plan_lines(capsys, "cluster.nodes=16", *batch)
     assert [line for line in sixteen if line.startswith("node ")] == [

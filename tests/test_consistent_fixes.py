@@ -1,5 +1,5 @@
 """One mistake, one fix that clears every diagnostic it causes; causes before consequences,
-and no memory verdict on a spec whose inputs are already wrong (issue 16, item 7)."""
+and no memory verdict on a spec whose inputs are already wrong."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def test_pp_2_with_ep_8_on_8_gpus_under_megatron_is_told_pp_1():
 
 
 def test_memory_is_not_judged_when_the_layout_is_wrong():
-    big = "train.max_tokens_per_gpu=2097152"  # activations beyond any GPU (issue 18's chunked
-    # loss head made 262144 tokens fit)
+    big = "train.max_tokens_per_gpu=2097152"  # activations beyond any GPU (with the chunked
+    # loss head 262144 tokens fit)
     assert "V801" in codes(run_spec(SPEC, [big]))
     for wrong in ("train.parallel.tp=3", "train.max_tokn=3", "train.parallel.ep=3"):
         result = run_spec(SPEC, [big, wrong])

@@ -1,4 +1,4 @@
-"""Issue 17, wording and numbers: what a new user reads first says the right thing, in English
+"""Wording and numbers: what a new user reads first says the right thing, in English
 (articles, plurals), with the numbers the checks themselves use."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _plan(spec, *sets: str, capsys) -> tuple[int, str]:
 def test_schema_and_memory_messages_use_an(capsys, tmp_path):
     _, out = _plan(SEED, "rollout.batch_size={}", capsys=capsys)
     assert "write an integer here" in out
-    # without CPU Adam: since the chunked loss head (issue 18) the seed with it fits 40 GB
+    # without CPU Adam: with the chunked loss head the seed fits 40 GB
     _, out = _plan(SEED, 'cluster.gpu="A100-40GB"', "train.optimizer.cpu_offload=false",
                    capsys=capsys)
     assert "but an A100-40GB has" in out and " a A100" not in out

@@ -12,8 +12,7 @@ import pytest
 from specsupport import ROOT, run_text
 
 from vime import flags
-from vime.check.engine_flags import SGLANG_FLAGS
-from vime.check.rollout import VIME_VLLM_FLAGS
+from vime.check.engine_flags import SGLANG_FLAGS, VIME_VLLM_FLAGS
 from vime.emit.megatron import megatron_args
 from vime.emit.vllm import vllm_args
 

@@ -10,8 +10,8 @@ NO_CPU_ADAM = ["train.optimizer.cpu_offload=false", "train.optimizer.overlap_cpu
 
 
 def test_seed_1_needs_cpu_adam_on_one_node():
-    """Without CPU Adam the seed does not fit one node of H100s. Since the chunked loss head
-    (issue 18) its backward did, with under 10% headroom; but without Transformer Engine or
+    """Without CPU Adam the seed does not fit one node of H100s. With the chunked loss head
+    its backward does, with under 10% headroom; but without Transformer Engine or
     Apex megatron-core steps with torch's foreach AdamW, whose transient of 4 bytes per
     parameter of the expert shard (3.62 B parameters at edp 1: 13.5 GiB) comes on top of the
     static 65.2 GiB once the backward has freed its 3.4 GiB. The help moves the optimizer and
@@ -55,7 +55,7 @@ def test_actor_shard_by_hand():
 
 
 def test_loss_head_by_hand():
-    """Issue 18: the runtime keeps no [tokens, vocab] logits; the term is one chunk's
+    """The runtime keeps no [tokens, vocab] logits; the term is one chunk's
     temporaries, the output weight's gradient and per-token hidden states, not the 16 bytes per
     token per vocabulary entry ÷ tp (11.6 GiB here) of the whole-vocabulary log-softmax."""
     spec = run_spec(SEED1).spec
@@ -106,7 +106,7 @@ def test_every_spec_shows_a_memory_breakdown(capsys):
     for spec in sorted((ROOT / "specs").glob("*.toml")):
         assert main(["plan", str(spec)]) == 0
         out = capsys.readouterr().out
-        if "torch backends" in out:  # Megatron's and vLLM's model does not apply (issue 17)
+        if "torch backends" in out:  # Megatron's and vLLM's model does not apply
             assert "memory (torch backends: fp32" in out and "KV cache" not in out
         else:
             assert "memory per GPU" in out and "KV cache" in out
@@ -117,7 +117,7 @@ def test_unknown_gpu_skips_memory_with_a_warning():
     assert result.ok and result.plan.memory is None and "V703" in codes(result)
 
 
-# -- issue 18, item 3: the terms with a recorded measurement ---------------------------------
+# -- the terms with a recorded measurement --------------------------------------------------
 
 # one H200, tp = ep = 1, as benchmarks/memory_validation.py plans the measured cases
 ONE_H200 = ["cluster.nodes=1", "cluster.gpus_per_node=1", "cluster.gpu=H200",
@@ -183,8 +183,8 @@ def test_only_the_te_layer_spec_drops_the_foreach_adamw_transient(impl):
 
 
 def test_etp_processes_the_rows_of_its_group():
-    """Issue 18: with etp = 2 every rank processed all T·K routed rows, not T/tp: the
-    dispatcher gathers the etp group's rows, each at ffn ÷ etp."""
+    """With etp = 2 every rank processes all T·K routed rows, not T/tp: the dispatcher gathers
+    the etp group's rows, each at ffn ÷ etp (docs/memory-validation.md)."""
     base = [*TWO_H200, "train.parallel.tp=2", "train.parallel.sequence_parallel=true",
             "train.max_tokens_per_gpu=4096", SEQUENTIAL]
     _, one = _train([*base, "train.parallel.etp=1", "train.parallel.ep=2"])
@@ -218,7 +218,7 @@ def test_uneven_routing_is_a_margin_the_spec_tunes():
 
 
 def test_memory_outside_torch_from_the_measurements():
-    """Issue 18: 2.06 GiB outside torch's allocator on one H200 with vime's backend; up to
+    """2.06 GiB outside torch's allocator on one H200 with vime's backend; up to
     2.0 GiB more for NCCL on two (3.8-4.4 against 2.4 in a stand-in loop). Beyond two GPUs it
     is an estimate. The offloaded actor keeps the same while the engines generate."""
     for sets, gib, kind in ((ONE_H200, 2.06, "gpu"), (TWO_H200, 4.06, "gpu"), ([], 4.06, "estimate")):
@@ -248,7 +248,7 @@ def test_expert_path_follows_the_runtime():
 
 
 def test_every_term_says_what_it_was_checked_against(capsys):
-    """Issue 18, item 5: each line of the breakdown has a basis (a GPU measurement, the CPU
+    """Each line of the breakdown has a basis (a GPU measurement, the CPU
     only, or the model's estimate) in plan --json, with its evidence and sources, and a mark
     in the text; each phase's peak is split by basis."""
     import json
@@ -281,3 +281,41 @@ def test_every_term_says_what_it_was_checked_against(capsys):
     for line, term in zip(marked, terms, strict=True):
         assert line[30] == MARKS[term["basis"]["kind"]], line
     assert "the peak by basis: ● " in text
+
+
+def _planned(tmp_path, name: str, *sets):
+    import shutil
+
+    shutil.copy(ROOT / "tests" / "fixtures" / "configs" / f"{name}.json", tmp_path / "config.json")
+    return run_spec(SEED1, [f'model.hf_checkpoint="{tmp_path}"', "rollout.max_response_len=4096",
+                            *sets]).spec
+
+
+def test_mla_kv_cache_is_one_latent_per_layer_on_every_tp_rank(tmp_path):
+    # vLLM's MLA caches kv_lora_rank + qk_rope_head_dim = 576 values per layer and token, the
+    # same on every TP rank: DeepSeek-V3 70,272 bytes, against 2 × 128 heads × 192 × 2 × 61
+    # = 5.7 MiB per token for its 128 attention heads uncompressed
+    for tp_sets in ([], ["inference.data_parallel_size=8"]):
+        spec = _planned(tmp_path, "deepseek_v3", *tp_sets)
+        assert memory_plan(spec).rollout.kv_bytes_per_token == 61 * (512 + 64) * 2
+    moonlight = _planned(tmp_path, "moonlight_16b_a3b")
+    assert memory_plan(moonlight).rollout.kv_bytes_per_token == 27 * 576 * 2
+
+
+def test_glm_kv_cache_is_grouped_query_attention(tmp_path):
+    spec = _planned(tmp_path, "glm_4_5_air")  # 8 KV heads over TP 8: one each
+    assert memory_plan(spec).rollout.kv_bytes_per_token == 2 * 46 * 1 * 128 * 2
+
+
+def test_shared_experts_and_mla_down_projections_in_the_actor_shard(tmp_path):
+    spec = _planned(tmp_path, "moonlight_16b_a3b")  # tp 4, ep 8 on 8 GPUs
+    arch, shard = spec.arch, actor_shard(spec)
+    h, vocab = 2048, padded_vocab(163840, 4)
+    down = h * (512 + 64) + 512  # kv_a_proj_with_mqa and its norm: whole on every tp rank
+    up = h * 16 * 192 + 512 * 16 * (128 + 128) + 16 * 128 * h  # q_proj, kv_b_proj, o_proj
+    assert (arch.attention_replicated_params, arch.attention_params) == (down, down + up)
+    shared = 3 * h * 2 * 1408
+    sharded = (up * 27 + 3 * h * 11264 * 1 + shared * 26 + 2 * h * vocab) / 4
+    replicated = 2 * h * 27 + h * 64 * 26 + down * 27 + h
+    assert shard.dense == pytest.approx(sharded + replicated)
+    assert shard.expert == 64 * 3 * h * 1408 * 26 / 8

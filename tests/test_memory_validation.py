@@ -1,5 +1,5 @@
-"""The planner against the GPU measurements recorded in the repository (issue 18: "a CPU test
-keeps the planner's numbers for the recorded cases").
+"""The planner against the GPU measurements recorded in the repository: a CPU test
+keeps the planner's numbers for the recorded cases.
 
 benchmarks/memory_validation.py plans each measured case of docs/data/ and prints the table of
 docs/memory-validation.md; this test holds its predictions. A change of the memory model that
@@ -33,7 +33,7 @@ def _cases() -> list[dict]:
 
 
 # (layers, recompute, tokens): vime's allocated and reserved GiB, as the table in
-# docs/memory-validation.md gives them. Updated on 2026-12-01 (issue 18, item 3; the reasons and
+# docs/memory-validation.md gives them. Updated on 2026-12-01 (the reasons and
 # the table before and after are in docs/memory-validation.md): the optimizer step's transient
 # (2:none:2048 was 36.6 / 40.2, the step was its peak) and the MoE layer's saved tensors
 # recounted from megatron-core's code (+0.1 GiB on most cases).
@@ -100,18 +100,18 @@ def test_quoted_static_state_and_adam_step_are_the_measurements():
     assert f"{quoted} GiB" in evidence.ADAM_STEP.evidence
 
 
-# -- vime's own backend step: the H200 grid of 2026-12-01 (issue 18 item 2) --------------------
+# -- vime's own backend step: the H200 grid of 2026-12-01 -------------------------------------
 # The predictions are made here from the planner as it is (not pinned), so a change of the
 # memory model is checked against the measurements of docs/memory-validation.md's grid table.
 
-# the third lease's 12 cases (the loss head's backward by tokens), the fourth lease's 4 of
-# them again on the backward by vocabulary columns (93b79b3), without Transformer Engine, and
-# the fifth lease's same 4 with the head's Triton kernels (runtime/core/fused_head.py)
+# one H200: 12 cases with the loss head's backward by tokens (2026-12-01), 4 of them again on
+# the backward by vocabulary columns (93b79b3, 2026-12-01), without Transformer Engine, and
+# the same 4 with the head's Triton kernels (runtime/core/fused_head.py, 2026-12-02)
 GRIDS = [ROOT / "docs" / "data" / name for name in (
     "h200-backend-memory-grid-2026-12-01.jsonl",
     "h200-backend-memory-grid-2026-12-01-fourth.jsonl",
     "h200-backend-memory-grid-2026-12-02-fused.jsonl")]
-GRID_BOUND = 0.10  # issue 18: vime's peaks within 10% of the measured ones
+GRID_BOUND = 0.10  # vime's peaks within 10% of the measured ones
 # Verdicts vime gets wrong on the grid, by case: what vime says and what happened. The one here
 # ran at 137.6 GiB reserved + 2.06 outside torch of 139.8, after one allocator retry (the edge).
 # By columns the same case ran at 126.0 GiB allocated, and vime says it fits (tight).
@@ -153,11 +153,11 @@ def test_grid_verdicts_wrong_only_where_known():
     assert wrong == KNOWN_WRONG_VERDICTS
 
 
-# -- the rollout side: a vLLM engine's start-up log (issue 18 item 4) -------------------------
+# -- the rollout side: a vLLM engine's start-up log -------------------------------------------
 
 STARTUP_LOG = ROOT / "docs" / "data" / "h200-vllm-30b-startup-2026-12-01.log"
 ENGINE_SPEC = ROOT / "benchmarks" / "qwen3_30b_engine_h200.toml"
-ROLLOUT_BOUND = 0.05  # issue 18: the plan's figures for the same engine within 5%
+ROLLOUT_BOUND = 0.05  # the plan's figures for the same engine within 5%
 
 
 def _logged() -> dict[str, float]:

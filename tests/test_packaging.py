@@ -1,4 +1,4 @@
-"""`pip install 'vime[runtime]' vllm` resolves, and vLLM's pin decides torch (issue 14).
+"""`pip install 'vime[runtime]' vllm` resolves, and vLLM's pin decides torch.
 
 pip resolves against PyPI with --dry-run, so nothing is installed. The index here serves no
 PEP 658 metadata files, so a plain dry run downloads every wheel it considers (2.5 GB for

@@ -115,7 +115,7 @@ huge_integers = (st.integers(-2**70, 2**70) | st.integers(0, 2**24)
 @settings(max_examples=150, deadline=1000, derandomize=True)
 @given(st.lists(st.tuples(st.sampled_from(INTEGER_KEYS), huge_integers), min_size=1, max_size=3))
 def test_huge_integers_give_diagnostics_within_a_second(pairs):
-    # issue 17: `cp = 10**12` hung vime plan; hypothesis' deadline bounds every example
+    # `cp = 10**12` must not hang vime plan; hypothesis' deadline bounds every example
     result = run_text(BASE, [f"{key}={value}" for key, value in pairs])
     assert all(re.fullmatch(CODE, d.code) for d in result.diagnostics)
 
@@ -126,7 +126,7 @@ def test_huge_integers_give_diagnostics_within_a_second(pairs):
        st.lists(st.tuples(st.sampled_from(INTEGER_KEYS), huge_integers | st.integers(1, 64)),
                 max_size=2))
 def test_huge_integers_at_the_largest_cluster_plan_within_a_bound(case, pairs):
-    # issue 17: `vime plan` returns within a second on any spec the schema admits. From the
+    # `vime plan` returns within a second on any spec the schema admits. From the
     # largest cluster the schema admits most changes still plan, so this runs the whole command,
     # text and --json, where the plan has 262,144 GPUs; the bound is the CPU time (a shared
     # machine stretches the wall time) of each, generous as in test_bad_input.py

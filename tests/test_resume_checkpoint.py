@@ -1,5 +1,5 @@
-"""V708 / V709: the checkpoint a submit would resume from against the spec (issue 15 item 3,
-issue 16 item 4), read from the vime_checkpoint.json the runtime writes into it."""
+"""V708 / V709: the checkpoint a submit would resume from against the spec, read
+from the vime_checkpoint.json the runtime writes into it."""
 
 from __future__ import annotations
 

@@ -145,3 +145,58 @@ def test_tiny_h200_against_the_checkpoint_its_script_writes(tmp_path):
     shutil.copy(spec, tmp_path / "spec.toml")
     result = run_spec(spec, [f'model.hf_checkpoint="{tmp_path}"'])
     assert not codes(result) & {"V102", "V103"}, [d.message for d in result.diagnostics]
+
+
+# -- the DeepSeek-V3 and GLM-4.5 families: planned, named feature by feature ---------------
+
+FAMILY_FEATURES = {
+    "moonlight_16b_a3b": ["deepseek_v3 architecture in the RL loop",
+                          "MLA without a query latent"],
+    "deepseek_v3": ["deepseek_v3 architecture in the RL loop", "scaled rotary"],
+    "kimi_k2": ["kimi_k2 architecture in the RL loop", "scaled rotary"],
+    "glm_4_5": ["glm4_moe architecture in the RL loop"],
+    "glm_4_5_air": ["glm4_moe architecture in the RL loop"],
+    "glm_4_7": ["glm4_moe architecture in the RL loop"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_FEATURES))
+def test_moe_families_plan_as_moe_and_v102_names_what_the_backend_lacks(tmp_path, name):
+    # an engine of 16 GPUs for DeepSeek-V3's FP8 blocks (2048 ÷ 16 = 128), EP over routed experts
+    result = _plan(_checkpoint(tmp_path, name), "rollout.max_response_len=4096",
+                   "inference.gpus_per_engine=8", "train.parallel.ep=8")
+    assert not codes(result) & {"V101", "V103", "V302"}, [d.message for d in result.diagnostics]
+    (diag,) = [d for d in result.diagnostics if d.code == "V102"]
+    for words in FAMILY_FEATURES[name]:
+        assert words in diag.message, words
+    assert "not yet run" in diag.help and "num_nextn_predict_layers" in diag.help
+    # the parts the backend builds are not named
+    assert not any(w in diag.message for w in ("QKV bias", "part of each head", "shared expert"))
+    assert result.spec.arch.is_moe
+
+
+def test_moonlight_gets_a_planning_only_plan_with_mla_in_the_engine(tmp_path):
+    result = _plan(_checkpoint(tmp_path, "moonlight_16b_a3b"), "rollout.max_response_len=4096")
+    assert codes(result) & {"V102"} and result.sketch is not None, [
+        (d.code, d.message) for d in result.diagnostics if d.severity == "error"]
+
+
+@pytest.mark.parametrize("name", ["qwen3_30b_a3b", "qwen3_4b"])
+def test_qwen3_configs_name_no_family_feature(name):
+    from vime.support import unsupported
+
+    assert unsupported(json.loads((CONFIGS / f"{name}.json").read_text())) == []
+
+
+@pytest.mark.parametrize(("patch", "says"), [
+    # megatron-core scores a group by top_k ÷ topk_group experts, transformers and vLLM by 2
+    ({"num_experts_per_tok": 8, "n_group": 8, "topk_group": 2}, "scoring each group by 4"),
+    ({"norm_topk_prob": False}, "not renormalised"),
+])
+def test_routing_megatron_core_computes_otherwise_is_named(tmp_path, patch, says):
+    from vime.support import unsupported
+
+    config = {**json.loads((CONFIGS / "glm_4_5_air.json").read_text()), **patch}
+    assert any(says in u.what for u in unsupported(config))
+    assert not any("group" in u.what for u in unsupported(
+        {**config, "topk_group": 4}))  # 8 ÷ 4 = 2: DeepSeek-V3's own

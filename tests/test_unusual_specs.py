@@ -1,5 +1,5 @@
-"""Correct but unusual specs plan clean: no rule may reject what would run (issue 16, "no false
-rejects"). Each case is a layout users run with other tools, written as overrides of a seed spec;
+"""Correct but unusual specs plan clean: no rule may reject what would run (no false
+rejects). Each case is a layout users run with other tools, written as overrides of a seed spec;
 a rule that grows a false reject (an error, or a warning that is not true of the case) fails here.
 """
 

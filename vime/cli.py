@@ -264,7 +264,7 @@ def cmd_submit(args) -> int:
         if start.problem:  # the job would stop on it after Ray's start
             raise UsageError(start.describe(spec.rollout.num_rollout))
         if start.next_rollout >= spec.rollout.num_rollout:
-            # said before Ray starts or the job queues (issue 15: 38 s of Ray to say it)
+            # said before Ray starts or the job queues (tests/launch/test_start.py)
             print(f"vime: {spec.experiment.name} is finished: its checkpoint "
                   f"{start.checkpoint} is at rollout {start.next_rollout} of "
                   f"rollout.num_rollout = {spec.rollout.num_rollout}; nothing to run. Raise "
@@ -312,7 +312,7 @@ def _fresh(args, prepared, launcher: str):
 
 
 def _preflight_here(prepared, source, ray_address: str | None) -> None:
-    """What the job would fail on after Ray's start, checked before it (issue 15)."""
+    """What the job would fail on after Ray's start, checked before it."""
     from vime.launch import local, submit
 
     if ray_address:
@@ -463,7 +463,7 @@ def cmd_convert(args) -> int:
     # divide a pipeline stage's ranks (cp replicates the weights), one GPU per rank
     world = layout["pp"] * math.lcm(layout["tp"], layout["ep"] * layout["etp"])
     # the architecture inline, not in a temporary file: the command printed is one that works
-    # after a --dry-run too (issue 17)
+    # after a --dry-run too
     arch = json.dumps(arch_as_config(result.spec), sort_keys=True, separators=(",", ":"))
     launcher = [sys.executable] if world == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -34,7 +34,7 @@ class Diagnostic:
     @property
     def is_consequence(self) -> bool:
         """Memory and KV-room verdicts (V8xx) follow from the layout, batch and model: they
-        are listed after the diagnostics of their inputs (issue 16)."""
+        are listed after the diagnostics of their inputs."""
         return self.code.startswith("V8")
 
     def sort_key(self) -> tuple:

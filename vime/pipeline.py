@@ -44,7 +44,7 @@ _MEMORY_INPUTS = ("V0", "V1", "V2", "V3", "V4", "V5", "V6")
 def without_consequences_of_wrong_inputs(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
     """Drop the memory and KV-room verdicts (V8xx) when an input they are computed from is
     already an error: they would be numbers of a spec that cannot run, and their fixes
-    (less memory) are not the fix (issue 16: consequences listed before their cause)."""
+    (less memory) are not the fix."""
     if any(d.severity == "error" and d.code.startswith(_MEMORY_INPUTS) for d in diagnostics):
         return [d for d in diagnostics if not d.is_consequence]
     return diagnostics

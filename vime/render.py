@@ -3,6 +3,8 @@ JSON lives in vime.emit.plan_json; all three read the same Diagnostic model."""
 
 from __future__ import annotations
 
+import textwrap
+
 from vime.diagnostics import Diagnostic
 from vime.plan import Plan
 from vime.plan.evidence import KINDS, LEGEND, MARKS
@@ -64,8 +66,8 @@ def _groups_line(name: str, flat: list[int], size: int, limit: int = 6) -> str:
 
 
 # A plan of many nodes or engines prints the first few and the last one and says which it left
-# out, as numpy prints a long array (issue 17: 4,096 nodes × 64 GPUs printed 23-43 MB, a line
-# per engine and a block per node); `vime plan --json` lists every one. Up to SHOWN_IN_FULL
+# out, as numpy prints a long array (4,096 nodes × 64 GPUs in full are 23-43 MB of text, a
+# line per engine and a block per node); `vime plan --json` lists every one. Up to SHOWN_IN_FULL
 # of each, and an engine's nodes up to NODES_LISTED, the text is what it always was.
 SHOWN_IN_FULL = 16
 NODES_SHOWN = 2  # first nodes shown beyond SHOWN_IN_FULL, then the last
@@ -225,7 +227,11 @@ def plan_text(plan: Plan) -> str:
     out.append(f"  {_algorithm_line(spec)}")
     out.append(f"  {_lr_line(spec.train.optimizer)}")
     out += _hf_lines(spec)
+    out += _sampling_lines(spec)
+    out += _eval_lines(spec)
     out += _memory_text(plan)
+    out += _colocation_text(plan)
+    out += _forecast_text(plan)
     return "\n".join(out) + "\n"
 
 
@@ -253,6 +259,74 @@ def _lr_line(opt) -> str:
     if opt.lr_decay_style == "constant":
         return warmup + "then constant"
     return warmup + f"{opt.lr_decay_style} decay to {opt.min_lr:g} at step {opt.lr_decay_iters}"
+
+
+def _sampling_lines(spec) -> list[str]:
+    """Dynamic sampling and overlong handling, when on."""
+    roll, out = spec.rollout, []
+    if roll.dynamic_sampling:
+        extra = f", then {roll.dynamic_sampling_filter}" if roll.dynamic_sampling_filter else ""
+        out.append(f"  dynamic sampling: groups of equal rewards dropped{extra}")
+        out.append(f"    refilled by {plural(roll.over_sampling_batch_size, 'prompt')} per "
+                   f"attempt, at most {plural(roll.dynamic_sampling_max_attempts, 'attempt')} "
+                   "per rollout")
+    if roll.overlong == "mask":
+        out.append(f"  overlong: responses cut at {roll.max_response_len} tokens get advantage 0")
+    elif roll.overlong == "penalty":
+        start = roll.max_response_len - roll.overlong_buffer_len
+        out.append(f"  overlong: reward − (length − {start}) ÷ {roll.overlong_buffer_len} × "
+                   f"{roll.overlong_penalty_factor:g} beyond {start} tokens")
+    return out
+
+
+def _eval_lines(spec) -> list[str]:
+    """The evaluation batch: when, and each dataset's samples and sampling."""
+    ev = spec.eval
+    if not ev.datasets:
+        return []
+    when = [f"every {plural(ev.interval, 'rollout')}"] if ev.interval else []
+    when += ["at start"] * ev.at_start + ["at end"] * ev.at_end
+    out = ["", f"eval ({', '.join(when) or 'never: no interval, at_start or at_end'}); "
+           f"engines' max_model_len {spec.max_model_len}"]
+    for d in ev.datasets:
+        ks = ",".join(str(k) for k in pass_at_ks(d.n_samples_per_prompt))
+        out.append(f"  {d.name}: {d.prompt_data}, reward {d.reward}")
+        out.append(f"    {plural(d.n_samples_per_prompt, 'sample')} per prompt, ≤ "
+                   f"{d.max_response_len} tokens, temperature {d.temperature:g}, "
+                   f"top-p {d.top_p:g}; pass@{ks}")
+    return out
+
+
+def pass_at_ks(n: int) -> list[int]:
+    """The k of pass@k reported for n samples per prompt: 1, 2, 4, ... and n."""
+    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    return ks if ks[-1] == n else [*ks, n]
+
+
+def _forecast_text(plan: Plan) -> list[str]:
+    found = plan.forecast
+    if found is None:
+        return []
+    out = ["", f"step forecast per rollout ({found.mode}; every sample at max length): "
+           f"{found.total:.1f} s"]
+    for line in found.lines:
+        share = line.seconds / found.total if found.total else 0.0
+        text = (f"  {line.name:<12}{line.seconds:7.2f} s {share:4.0%} {line.basis.mark} "
+                f"{line.note}")
+        out.append(text if len(text) <= WIDTH else text[: WIDTH - 1] + "…")
+    out.append("  how each line was calibrated: docs/forecast.md; `vime plan --json`, "
+               "forecast.phases[].basis")
+    return out
+
+
+def _colocation_text(plan: Plan) -> list[str]:
+    found = plan.colocation
+    if found is None:
+        return []
+    what = ("resident: no offload, no sleep" if found.mode == "resident"
+            else "taking turns: the actor offloads, the engines sleep")
+    return ["", f"colocation: {what} (train.offload = \"{found.setting}\")",
+            *textwrap.wrap(found.why, WIDTH - 2, initial_indent="  ", subsequent_indent="  ")]
 
 
 def _memory_text(plan: Plan) -> list[str]:

@@ -1,5 +1,5 @@
 """The built-in reward names (rollout.reward), as plain data: the compiler checks a spec's
-reward against them without importing the runtime; runtime/rewards.py implements each
+reward against them without importing the runtime; runtime/rl/rewards.py implements each
 (tests/test_reward_names.py keeps its BUILTIN and this table the same names)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a run's checkpoint says about the run that wrote it (issue 15 item 3, issue 16 item 4).
+"""What a run's checkpoint says about the run that wrote it.
 
     <load folder>/rollout_000019/   train/  state.json  vime_checkpoint.json
 
@@ -9,7 +9,7 @@ the layout of the ranks that wrote it, and a note saying which of those the form
 can change. `vime plan` and `vime compile` read the record of the checkpoint a submit would
 resume from (Spec.resume_checkpoint) and V708 / V709 compare it with the spec: a spec that
 cannot load it is told so before anything starts, not by 25 `size mismatch` lines from
-load_state_dict after Ray's start (issue 15). A checkpoint written before the record existed
+load_state_dict after Ray's start. A checkpoint written before the record existed
 has none; it is not checked and loads as before.
 
 Plain data and the file system only: the compiler reads this module, the runtime writes with

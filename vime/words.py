@@ -1,5 +1,6 @@
 """English for messages built from numbers and names: the article before a word and the plural
-after a count (issue 17: "write a integer here", "a A100-40GB", "1 engine(s) of 1 GPUs")."""
+after a count: "write an integer here", "an A100-40GB", "1 engine of 1 GPU", never "a integer",
+"a A100-40GB" or "1 engine(s) of 1 GPUs"."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 18, item 2: the memory of vime's own Megatron backend step on a grid of shapes, one
+"""The memory of vime's own Megatron backend step on a grid of shapes, one
 H200, for benchmarks/memory_validation.py --grid to set against vime's plan.
 
 Each case runs in a child process of its own (a timeout, an OOM or an error is recorded and

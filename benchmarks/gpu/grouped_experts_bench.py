@@ -1,4 +1,4 @@
-"""Issue 19, item 3: the MoE experts as grouped GEMMs (runtime/megatron/grouped_experts.py's
+"""The MoE experts as grouped GEMMs (runtime/megatron/grouped_experts.py's
 GroupedMLP) against megatron-core's SequentialMLP, before and after, on one GPU.
 
 Two parts, one JSON:
@@ -8,7 +8,7 @@ Two parts, one JSON:
   in bf16, for 128 local experts (ep 1) and 16 (ep 8): median time, the expert GEMMs' TFLOP/s
   (18·rows·hidden·ffn FLOPs), and the same with the experts held as stacked [E, out, in]
   parameters (`stacked_reference`, torch's own autograd of `_grouped_mm`: the floor of the
-  stack-per-call design) and the stack copy alone. Plus the GPU check of issue 19's item 1:
+  stack-per-call design) and the stack copy alone. Plus the GPU check of GroupedMLP's numbers:
   output and gradients (tokens, probs, every expert weight) of GroupedMLP against
   SequentialMLP on the same weights and tokens, relative gaps, bf16 tolerance.
 - `step`: the 4-layer (`--layers`) Qwen3-30B-A3B slice at `--tokens` tokens through vime's

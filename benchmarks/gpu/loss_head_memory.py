@@ -1,8 +1,8 @@
 """The loss head's peak memory on one GPU: the chunked log-probs and entropy of
 runtime/core/loss_head.py against the whole-vocabulary fp32 log-softmax the training backends
-computed before (issue 18), at 16k tokens of Qwen3's 151,936-entry vocabulary by default.
+computed before the chunked head, at 16k tokens of Qwen3's 151,936-entry vocabulary by default.
 
-Run on the GPU machine from the repository root (torch with CUDA; nothing of megatron-core):
+Run on a GPU machine from the repository root (torch with CUDA; nothing of megatron-core):
 
     python benchmarks/gpu/loss_head_memory.py --out $OUT/loss-head.jsonl
     python benchmarks/gpu/loss_head_memory.py --top-p 0.9 --out $OUT/loss-head.jsonl
@@ -12,7 +12,7 @@ Each run measures both heads, each in a fresh process, on the same inputs: bf16 
 states [tokens, hidden] and a bf16 output weight [vocab, hidden] (a parameter), a forward and
 backward of a GRPO-shaped loss (per-token weights on the log-probs, minus entropy_coef × the
 entropy when it is in the loss; otherwise the entropy is a metric, as the backends log it).
-"whole" is the backends' computation before issue 18, kept here for comparison: the logits
+"whole" is the whole-vocabulary computation the chunked head replaces, kept here for comparison: the logits
 hidden @ W.T in bf16, their fp32 copy (as Megatron's Float16Module returned them), / T, one
 log-softmax (or the nucleus of runtime/core/nucleus.py), the entropy metric in blocks of 2048
 rows without gradients. "chunked" is runtime/core/loss_head.token_terms with its default chunk.
@@ -65,7 +65,7 @@ def inputs(args, device):
 
 
 def entropy_metric(log_p, rows: int = 2048):
-    """The backends' entropy metric before issue 18 (torch_train.entropy_metric)."""
+    """The whole-vocabulary entropy metric (torch_train.entropy_metric before the chunked head)."""
     with torch.no_grad():
         return torch.cat([-(block.exp() * block).sum(dim=-1) for block in log_p.split(rows)])
 

@@ -1,6 +1,6 @@
 """Measure a real megatron-core training step of a Qwen3-MoE slice on one GPU.
 
-Run on the GPU machine (torch with CUDA, megatron-core 0.19 on PYTHONPATH):
+Run on a GPU machine (torch with CUDA and megatron-core 0.19 installed):
     python benchmarks/gpu/megatron_memory.py --case 4:full:16384 --out measurements.jsonl
 
 For each case: build GPTModel with Qwen3-30B-A3B's layer shapes and `layers` decoder layers

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On a machine with 2 GPUs and no Ray (the lent nvidia-h200-x2): the Megatron backend and
-# `vime convert` under tensor- and expert-parallel layouts. Run from the repository root with
-# megatron-core and vime's dependencies importable; results go to $OUT (docs/gpu-runs.md).
+# On a machine with 2 GPUs (2 × H200 on 2026-12-01, docs/gpu-runs.md), no Ray needed: the
+# Megatron backend and `vime convert` under tensor- and expert-parallel layouts. Run from the
+# repository root; needs vime's runtime (`pip install 'vime[runtime]'`) and megatron-core
+# installed. Results go to $OUT.
 #   parallel_suite.sh [convert] [check] [grpo] [resume]     (default: all four)
 # LAYOUTS="tp,ep[,cp] ..." picks the check and grpo layouts (default "2,1" "1,2"; cp 1).
 set -uo pipefail

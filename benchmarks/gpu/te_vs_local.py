@@ -1,4 +1,4 @@
-"""On a GPU with Transformer Engine: the TE layer spec against the local one (issue 19, item 2).
+"""On a GPU with Transformer Engine: the TE layer spec against the local one.
 
 A random Qwen3-MoE made with transformers (a dense first layer, so both of TE's fused norms
 appear) is loaded into a GPTModel of each spec through runtime/megatron/shards.py, the

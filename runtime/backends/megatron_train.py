@@ -133,12 +133,6 @@ def _head_inputs(hidden_states, output_layer, output_weight, **_context):
     return hidden_states.transpose(0, 1), weight
 
 
-def _copy_in(storage: torch.UntypedStorage, host: torch.Tensor, device: torch.device) -> None:
-    """A freed device storage back to its size, filled from its host copy."""
-    storage.resize_(host.numel())
-    torch.empty(0, dtype=torch.uint8, device=device).set_(storage).copy_(host)
-
-
 class MegatronTrainingBackend(TorchTrainingBackend):
     # ------------------------------------------------------------------------------- init
 
@@ -210,7 +204,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         self.temperature = slice.temperature if slice.temperature > 0 else 1.0
         self.top_p = sampling_top_p(slice)
         self.offloaded = False
-        self._host: list | None = None  # (storage, host copy, holds parameters) while offloaded
+        self._host = None  # the HostMirror (runtime/backends/offload.py) of the first offload
         # replayed routes the actor's own routers also pick, counted in the actor log-prob
         # pass (the weights the engine generated with) and reported with the next step
         self._route_counts = torch.zeros(2, dtype=torch.int64, device=self.device)
@@ -452,50 +446,58 @@ class MegatronTrainingBackend(TorchTrainingBackend):
 
     # --------------------------------------------------------------------------- offload
 
-    def _storages(self) -> list[torch.UntypedStorage]:
-        """Every device storage of the actor: the DDP parameter and gradient buffers, and the
-        optimizer's fp32 main parameters and Adam moments (each storage once), the parameters'
-        first."""
-        tensors = self._parameter_tensors()
-        tensors += [p.main_grad for p in self.model.parameters() if hasattr(p, "main_grad")]
+    def _storages(self) -> tuple[list[torch.UntypedStorage], list[torch.UntypedStorage]]:
+        """Every device storage of the actor, each once: those whose contents the next phases
+        read (the DDP parameter buffers first, then the optimizer's fp32 main parameters and
+        Adam moments), and the gradient buffers, which _begin_step zeroes before the backward
+        adds to them (DDP's zero_grad_buffer), so they come back without a copy."""
+        kept = self._parameter_tensors()
         for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             inner = optimizer.optimizer
             for group in inner.param_groups:
-                tensors += list(group["params"])
+                kept += list(group["params"])
             for state in inner.state.values():
-                tensors += [v for v in state.values() if torch.is_tensor(v) and v.is_cuda]
-        seen, out = set(), []
-        for tensor in tensors:
-            storage = tensor.untyped_storage()
-            if storage.device.type == "cuda" and storage.data_ptr() not in seen and storage.nbytes():
-                seen.add(storage.data_ptr())
-                out.append(storage)
-        return out
+                kept += [v for v in state.values() if torch.is_tensor(v) and v.is_cuda]
+        grads = [p.main_grad for p in self.model.parameters() if hasattr(p, "main_grad")]
+        seen: set[int] = set()
+
+        def unique(tensors):
+            out = []
+            for tensor in tensors:
+                storage = tensor.untyped_storage()
+                if storage.device.type == "cuda" and storage.data_ptr() not in seen \
+                        and storage.nbytes():
+                    seen.add(storage.data_ptr())
+                    out.append(storage)
+            return out
+
+        return unique(kept), unique(grads)
 
     def _parameter_tensors(self) -> list[torch.Tensor]:
         return [p.data for p in self.model.parameters()]
 
     def offload(self) -> None:
-        """Copy every device storage to host memory and free it; tensors keep their views
-        (what torch_memory_saver does for slime's colocated Megatron). Each host copy is kept
-        with whether it holds parameters (what an export needs back)."""
+        """Move the actor's state to pinned host buffers made once (runtime/backends/offload.py)
+        and free its device storages; tensors keep their views (what torch_memory_saver does
+        for slime's colocated Megatron). Gradients are freed, not copied."""
         if self.offloaded:
             return
-        weights = {t.untyped_storage().data_ptr() for t in self._parameter_tensors()}
-        self._host = []
-        for storage in self._storages():
-            view = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
-            self._host.append((storage, view.to("cpu", copy=True), storage.data_ptr() in weights))
-            storage.resize_(0)
+        from runtime.backends.offload import HostMirror
+
+        if self._host is None:
+            self._host = HostMirror(self.device)
+        kept, grads = self._storages()
+        self._host.track(kept, grads, {t.untyped_storage().data_ptr()
+                                       for t in self._parameter_tensors()})
+        self._host.offload()
         torch.cuda.empty_cache()
         self.offloaded = True
 
     def onload(self) -> None:
         if not self.offloaded:
             return
-        for storage, host, _weights in self._host:
-            _copy_in(storage, host, self.device)
-        self._host, self.offloaded = None, False
+        self._host.onload()
+        self.offloaded = False
 
     @contextlib.contextmanager
     def _weights_readable(self):
@@ -506,18 +508,18 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         if not self.offloaded:
             yield
             return
-        back = [(storage, host) for storage, host, weights in self._host if weights]
-        for storage, host in back:
-            _copy_in(storage, host, self.device)
+        self._host.weights_back()
         try:
             yield
         finally:
-            for storage, _host in back:
-                storage.resize_(0)
+            self._host.weights_gone()
             torch.cuda.empty_cache()
 
     def resident_bytes(self) -> int:
-        return 0 if self.offloaded else sum(s.nbytes() for s in self._storages())
+        if self.offloaded:
+            return 0
+        kept, grads = self._storages()
+        return sum(s.nbytes() for s in kept + grads)
 
     # ------------------------------------------------------------------------ checkpoints
 

@@ -202,6 +202,7 @@ class VllmRolloutBackend(RolloutBackend):
         self.llm = None
         self.version = 0
         self.asleep = False
+        self.slept_since_generate = False  # vLLM's sleep dropped the prefix cache since
         self.updating = False  # a fallback round is open on the workers
         self.transfer_backend: str | None = None
         self.mode = ""
@@ -259,6 +260,7 @@ class VllmRolloutBackend(RolloutBackend):
 
         if self.asleep:
             raise RuntimeError("generate() while the engine sleeps: wake() first")
+        self.slept_since_generate = False
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         outputs = self.llm.generate(prompts, [sampling_params(params, r) for r in requests],
                                     use_tqdm=False)
@@ -282,6 +284,7 @@ class VllmRolloutBackend(RolloutBackend):
                 self.updating = False
             vllm_compat.set_weight_version(self.llm, str(bucket.version))
             self.version = bucket.version
+            self._forget_cached_prefixes()
 
     def weight_version(self) -> int:
         return self.version
@@ -307,6 +310,17 @@ class VllmRolloutBackend(RolloutBackend):
         vllm_compat.finish_weight_update(self.llm, None if version is None else str(version))
         if version is not None:
             self.version = version
+        self._forget_cached_prefixes()
+
+    def _forget_cached_prefixes(self) -> None:
+        """Drop vLLM's prefix cache after new weights when the engine has not slept since it
+        last generated: the cache keeps the KV of prompts' full blocks computed with the
+        weights before, and a prompt seen again would start from them (vLLM's sleep drops the
+        cache itself). Seen on an H200 with the engine resident: the actor/engine log-prob gap
+        went from 0.004 to 0.13-0.20 per token after the first push, and stayed at 0.003-0.004
+        where the engine slept between (docs/gpu-runs.md)."""
+        if not self.slept_since_generate:
+            self.llm.reset_prefix_cache()
 
     def shutdown_weight_transfer(self) -> None:
         """Release the trainer connection (before a new rendezvous, after an engine of the
@@ -327,7 +341,7 @@ class VllmRolloutBackend(RolloutBackend):
 
     def sleep(self, level: int = 1) -> None:
         self.llm.sleep(level=level)
-        self.asleep = True
+        self.asleep = self.slept_since_generate = True
 
     def wake(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
         self.llm.wake_up(tags=list(tags))

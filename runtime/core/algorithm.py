@@ -7,7 +7,7 @@ tested once against hand-computed numbers and a reference implementation's formu
 Conventions (the ones slime and verl use, noted where they differ):
 - log-probabilities are of the sampled token under the distribution the rollout sampled
   from: softmax(logits / temperature), with top_p < 1 cut to vLLM's nucleus and renormalised
-  (runtime/core/nucleus.py, issue 14); the rollout backend returns the same quantity, so the two
+  (runtime/core/nucleus.py); the rollout backend returns the same quantity, so the two
   can be compared (TIS, the mismatch metric). The entropy stays that of the whole
   softmax(logits / temperature);
 - a loss is a weighted sum over response tokens whose weights are fixed by the whole
@@ -197,14 +197,14 @@ def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cl
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) over the last dimension (pass logits / temperature). The
     definition on whole logits; the training backends compute it a chunk of tokens at a time
-    from the hidden states (runtime/core/loss_head.py, issue 18)."""
+    from the hidden states (runtime/core/loss_head.py)."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] per position; logits [..., V], targets [...]. The definition
-    on whole logits; the training backends use runtime/core/loss_head.py (issue 18)."""
+    on whole logits; the training backends use runtime/core/loss_head.py."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 

@@ -1,6 +1,6 @@
 """Calling a set of hosts, sharing work between them, and the GPU share each takes: what the
 workers that drive the hosts (runtime/workers/) and a backend that calls engines itself
-(runtime/backends/vllm_weights.py) both need, so it lives below both (issue 20).
+(runtime/backends/vllm_weights.py) both need, so it lives below both (runtime/README.md).
 
 A host is a training rank's or an engine's TrainWorker / RolloutWorker
 (runtime/workers/actors.py): a Ray actor, an in-process object, or a rank of a torchrun world

@@ -4,9 +4,9 @@ The driver (runtime/rl/loop.py) talks to every backend through these methods onl
 Ray actor per training rank and per rollout engine (runtime/workers/actors.py). Implementations:
 
     training  "torch"     runtime/backends/torch_train.py    (CPU or one GPU, DP over ranks)
-              "megatron"  issue 7
+              "megatron"  runtime/backends/megatron_train.py (GPUs, megatron-core)
     rollout   "torch"     runtime/backends/torch_rollout.py  (one device per engine)
-              "vllm"      issue 8
+              "vllm"      runtime/backends/vllm_rollout.py   (a vLLM engine per GPU group)
 
 A backend receives its slice of the plan (runtime/core/slices.py) as frozen, typed data; it never
 sees the whole spec. docs/runtime.md is the contract in prose, with the call order.
@@ -49,7 +49,7 @@ class Generation:
     token_ids: the response tokens, including the stop token when one ended it.
     log_probs: per response token, log p(token) under the distribution it was sampled from:
         softmax(logits / temperature), and with top_p < 1 cut to vLLM's top-p nucleus and
-        renormalised (vLLM's processed log-probs; runtime/core/nucleus.py, issue 14); greedy
+        renormalised (vLLM's processed log-probs; runtime/core/nucleus.py); greedy
         sampling applies no top-p.
     finish_reason: "stop" (a stop token) or "length" (max_new_tokens reached).
     routed_experts: when asked, an integer array [prompt + response tokens - 1, MoE layers,

@@ -1,5 +1,5 @@
 """The loss head: each token's log-prob and the entropy of its distribution, from the last
-hidden states and the output layer's weight, a chunk of tokens at a time (issue 18).
+hidden states and the output layer's weight, a chunk of tokens at a time.
 
 A log-softmax over the vocabulary kept for the backward is the largest tensor of a training
 step: [tokens, vocab] in fp32, and its backward adds the gradients of its output and input
@@ -71,7 +71,8 @@ NUCLEUS_CHUNK_ENTRIES = 2**24
 # logits and their exponentials (forward), log p and p (backward): 8, measured on the CPU
 # (tests/runtime/test_loss_head.py); with fused_head's kernels only the logits in their dtype
 # (2 in bf16), still charged as 8: the eager chunks run where the kernels do not, and on the
-# H200's grid the head is not at the step's peak (docs/memory-validation.md, fifth lease).
+# H200's grid the head is not at the step's peak (docs/memory-validation.md: the backend step
+# with the loss head's Triton kernels, one H200, 2026-12-02).
 # With top-p, the cut on the whole row: the fp32 logits, the
 # sort's values, softmax and cumulative sum, the masks: 21 measured on the CPU; on CUDA the
 # segmented sort also holds double buffers of its keys and int64 indices (12 more), not measured.

@@ -1,5 +1,5 @@
 """vLLM's top-p nucleus, so that the actor's log-probs are of the distribution the engine
-sampled from (issue 14).
+sampled from.
 
 With top_p < 1 vLLM samples from softmax(logits / T) truncated to a nucleus and renormalised,
 and `--logprobs-mode processed_logprobs` reports the sampled token's log-prob under that

@@ -91,7 +91,7 @@ class TrainSlice:
     cpu_threads: int
     args: tuple[str, ...] = ()  # megatron.args of the job folder, for the Megatron backend
     # the rollout's top-p: below 1, log-probs are of the nucleus the engine sampled from,
-    # renormalised (runtime/core/nucleus.py, issue 14); a default, so slices built by hand
+    # renormalised (runtime/core/nucleus.py); a default, so slices built by hand
     # (benchmarks) keep the whole vocabulary
     top_p: float = 1.0
     # train.transformer_impl: the actor's layer spec, auto | transformer_engine | local (the
@@ -153,6 +153,40 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class EvalDataset:
+    """One [[eval.datasets]] table: its prompts (read like the training data) and sampling."""
+
+    name: str
+    data: DataConfig
+    samples_per_prompt: int
+    max_response_len: int
+    temperature: float
+    top_p: float
+    reward: str
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    datasets: tuple[EvalDataset, ...] = ()
+    interval: int | None = None  # evaluate before rollout r when r % interval == 0
+    at_start: bool = True
+    at_end: bool = True
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+    """Which samples a rollout trains on: DAPO's dynamic sampling and overlong handling."""
+
+    dynamic_sampling: bool = False
+    dynamic_sampling_filter: str | None = None  # "module:function"
+    over_sampling_batch_size: int = 0  # prompts per refill attempt
+    max_attempts: int = 1
+    overlong: str = "keep"  # keep | mask | penalty
+    overlong_buffer_len: int = 1
+    overlong_penalty_factor: float = 1.0
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """What the driver itself reads: the loop's numbers, the data, the reward, checkpoint and
     logging settings, and the plan's placement. Components get slices made from it."""
@@ -196,6 +230,17 @@ class JobConfig:
     keep_last: int = 0  # checkpoint.keep_last
     on_corrupt: str = "stop"  # checkpoint.on_corrupt
     save_hf_interval: int = 0  # checkpoint.save_hf_interval (0: no HF folders)
+    evaluation: EvalConfig = EvalConfig()
+    sampling: SamplingPolicy = SamplingPolicy()
+    # colocated and both resident (plan.json colocation.mode, from train.offload and the
+    # memory plan: vime/plan/colocation.py): no offload, no sleep
+    resident: bool = False
+
+    @property
+    def takes_turns(self) -> bool:
+        """Colocated and not resident: the actor offloads and the engines sleep while the other
+        side computes."""
+        return self.colocate and not self.resident
 
     # ------------------------------------------------------------------------------ build
 
@@ -231,6 +276,8 @@ class JobConfig:
             reward=rollout["reward"],
             std_normalization=bool(algo.get("std_normalization", True)),
             colocate=bool(plan["colocate"]),
+            resident=bool(plan["colocate"])
+            and (plan.get("colocation") or {}).get("mode") == "resident",
             train_backend=train["backend"], rollout_backend=inference["backend"],
             model=model_slice,
             data=DataConfig(
@@ -287,6 +334,8 @@ class JobConfig:
             keep_last=int(spec["checkpoint"].get("keep_last", 0)),
             on_corrupt=spec["checkpoint"].get("on_corrupt", "stop"),
             save_hf_interval=int(spec["checkpoint"].get("save_hf_interval", 0)),
+            evaluation=_eval_config(spec, spec_dir),
+            sampling=_sampling_policy(rollout),
         )
 
     # ----------------------------------------------------------------------------- slices
@@ -313,6 +362,13 @@ class JobConfig:
             args=self.megatron_args, top_p=self.top_p,
             transformer_impl=str(self.train["transformer_impl"]))
 
+    @property
+    def max_model_len(self) -> int:
+        """The engines' context: the longest prompt plus the longest response of the rollout
+        and of the evaluation datasets (vime/resolve/spec.py, Spec.max_model_len)."""
+        return self.data.max_prompt_len + max(
+            [self.max_response_len, *(d.max_response_len for d in self.evaluation.datasets)])
+
     def engine_slice(self, index: int, cpu_threads: int,
                      bundles: tuple[int, ...] = ()) -> EngineSlice:
         entry = self.engines[index]
@@ -320,12 +376,48 @@ class JobConfig:
             backend=self.rollout_backend, engine=index,
             gpus=tuple((g["node"], g["gpu"]) for g in entry["gpus"]),
             tp=entry["tp"], dp=entry["dp"], ep=entry["ep"], model=self.model,
-            max_model_len=self.data.max_prompt_len + self.max_response_len,
+            max_model_len=self.max_model_len,
             cpu_threads=cpu_threads, args=self.vllm_args, bundles=tuple(bundles),
             colocated=self.colocate)
 
     def with_overrides(self, **changes: Any) -> JobConfig:
         return replace(self, **changes)
+
+
+def _eval_config(spec: dict, spec_dir: Path) -> EvalConfig:
+    """[eval] of resolved.toml (job folders compiled before it existed have none)."""
+    section, data, rollout = spec.get("eval", {}), spec["data"], spec["rollout"]
+    datasets = tuple(EvalDataset(
+        name=d["name"],
+        data=DataConfig(prompt_data=_path(d["prompt_data"], spec_dir, must_exist=True),
+                        input_key=d.get("input_key", data["input_key"]),
+                        label_key=d.get("label_key", data["label_key"]),
+                        apply_chat_template=bool(data["apply_chat_template"]), shuffle=False,
+                        max_prompt_len=int(rollout["max_prompt_len"]),
+                        seed=int(spec["experiment"]["seed"])),
+        samples_per_prompt=int(d.get("n_samples_per_prompt", 1)),
+        max_response_len=int(d.get("max_response_len", rollout["max_response_len"])),
+        temperature=float(d.get("temperature", rollout["temperature"])),
+        top_p=float(d.get("top_p", rollout["top_p"])),
+        reward=d.get("reward", rollout["reward"])) for d in section.get("datasets", []))
+    interval = section.get("interval")
+    return EvalConfig(datasets=datasets, interval=int(interval) if interval else None,
+                      at_start=bool(section.get("at_start", True)),
+                      at_end=bool(section.get("at_end", True)))
+
+
+def _sampling_policy(rollout: dict) -> SamplingPolicy:
+    """Dynamic sampling and overlong keys of [rollout] (absent in older job folders)."""
+    return SamplingPolicy(
+        dynamic_sampling=bool(rollout.get("dynamic_sampling", False)),
+        dynamic_sampling_filter=rollout.get("dynamic_sampling_filter"),
+        over_sampling_batch_size=int(rollout.get("over_sampling_batch_size",
+                                                 rollout["batch_size"])),
+        max_attempts=int(rollout.get("dynamic_sampling_max_attempts", 1)),
+        overlong=rollout.get("overlong", "keep"),
+        overlong_buffer_len=int(rollout.get("overlong_buffer_len",
+                                            max(int(rollout["max_response_len"]) // 5, 1))),
+        overlong_penalty_factor=float(rollout.get("overlong_penalty_factor", 1.0)))
 
 
 # ------------------------------------------------------------------------------------ paths

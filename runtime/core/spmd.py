@@ -1,6 +1,6 @@
 """The training ranks of one torchrun world, driven from rank 0 without Ray.
 
-On one node with several GPUs and no Ray (the GPU machines this project is lent), every
+On one node with several GPUs and no Ray (a GPU machine without Ray installed), every
 process of `torchrun --nproc-per-node N` hosts one training rank
 (runtime.workers.actors.TrainWorker); rank 0 also runs the GRPO loop and the rollout engine,
 and its TrainGroup holds one RankHandle per rank. A call on the group is broadcast to every

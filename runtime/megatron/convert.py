@@ -165,10 +165,27 @@ def _model(arch: Arch, layout: dict[str, int]):
                                 pipeline_model_parallel_size=layout["pp"],
                                 expert_model_parallel_size=layout["ep"],
                                 expert_tensor_parallel_size=layout["etp"], **cpu)
-    model = build_gpt(arch, config, arch.max_position_embeddings,
-                      pre_process=parallel_state.is_pipeline_first_stage(),
-                      post_process=parallel_state.is_pipeline_last_stage()).to(torch.bfloat16)
+    with _rotary_on_the_cpu(not torch.cuda.is_available()):
+        model = build_gpt(arch, config, arch.max_position_embeddings,
+                          pre_process=parallel_state.is_pipeline_first_stage(),
+                          post_process=parallel_state.is_pipeline_last_stage()).to(torch.bfloat16)
     return model.cuda() if torch.cuda.is_available() else model
+
+
+@contextlib.contextmanager
+def _rotary_on_the_cpu(cpu: bool):
+    """megatron-core's MLA builds its RotaryEmbedding without use_cpu_initialization, which
+    then asks torch.cuda.current_device() (megatron/core/transformer/multi_latent_attention.py):
+    on a machine without a GPU that device is the CPU, while the model is built."""
+    if not cpu:
+        yield
+        return
+    asked = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = asked
 
 
 def _publish(staging: Path, target: Path) -> None:

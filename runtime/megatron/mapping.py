@@ -1,9 +1,14 @@
-"""Hugging Face Qwen3 / Qwen3-MoE weights <-> megatron-core GPTModel weights (local layer spec).
+"""Hugging Face Qwen3 / Qwen3-MoE, DeepSeek-V3 and GLM-4.5 weights <-> megatron-core GPTModel
+weights (local layer spec).
 
 A mapping of our own rather than mbridge or Megatron-Bridge: Qwen3 needs five rules (renames,
 the fused and group-interleaved QKV, gate|up fused into fc1, per-expert modules, untied
 head), and keeping them here, in one readable table tested by round trip against the real
 GPTModel, costs less than a dependency that pins its own megatron-core and transformers.
+The two other families add renames only: MLA's projections and latent norms (megatron-core's
+MLA rotates the rope half de-interleaved, as transformers' rope_interleave does, so the
+weights map as they are), the QKV bias (fused as the QKV weight), the shared experts
+(gate|up fused as a dense MLP's) and the router's expert bias (a buffer on both sides).
 
 Megatron names are those of `GPTModel` built with `get_gpt_decoder_block_spec(...,
 use_transformer_engine=False)` at tensor/expert parallel size 1 (full tensors); sharding for
@@ -53,18 +58,22 @@ def megatron_tensor(name: str, hf: Mapping[str, torch.Tensor], arch: Arch) -> to
     found = _MC_LAYER.match(name)
     if not found:
         raise KeyError(f"no Megatron weight {name}")
-    layer, rest = f"model.layers.{found[1]}.", found[2]
+    layer, rest = f"model.layers.{found[1]}.", _mla_key(found[2], arch)
     if rest in _RENAMES:
         return hf[layer + _RENAMES[rest]]
-    if rest == "self_attention.linear_qkv.weight":
-        attn = layer + "self_attn."
-        return _qkv_fuse(hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"],
-                         hf[attn + "v_proj.weight"], arch)
+    if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+        attn, kind = layer + "self_attn.", rest.rsplit(".", 1)[1]
+        fused = _qkv_fuse(*(hf[f"{attn}{p}_proj.{kind}"].reshape(-1, 1 if kind == "bias" else
+                                                              arch.hidden_size)
+                            for p in "qkv"), arch)
+        return fused.reshape(-1) if kind == "bias" else fused
     expert = _MC_EXPERT.match(rest)
-    prefix = f"{layer}mlp.experts.{expert[1]}." if expert else layer + "mlp."
-    if expert and expert[2] == "linear_fc2":
+    prefix = (f"{layer}mlp.experts.{expert[1]}." if expert else
+              layer + "mlp.shared_experts." if rest.startswith("mlp.shared_experts.") else
+              layer + "mlp.")
+    if rest.endswith("linear_fc2.weight"):
         return hf[prefix + "down_proj.weight"]
-    if expert or rest == "mlp.linear_fc1.weight":
+    if expert or rest in ("mlp.linear_fc1.weight", "mlp.shared_experts.linear_fc1.weight"):
         return torch.cat([hf[prefix + "gate_proj.weight"], hf[prefix + "up_proj.weight"]], dim=0)
     raise KeyError(f"no Megatron weight {name}")
 
@@ -103,21 +112,39 @@ def megatron_names(arch: Arch) -> list[str]:
     names = ["embedding.word_embeddings.weight"]
     for i, moe in enumerate(arch.moe_layers):
         layer = f"decoder.layers.{i}."
-        names += [layer + n for n in (
-            "input_layernorm.weight", "self_attention.linear_proj.weight",
-            "self_attention.linear_qkv.weight", "self_attention.q_layernorm.weight",
-            "self_attention.k_layernorm.weight", "pre_mlp_layernorm.weight")]
+        names += [layer + n for n in ("input_layernorm.weight", *_attention_names(arch),
+                                      "pre_mlp_layernorm.weight")]
         if moe:
             names.append(layer + "mlp.router.weight")
+            if arch.expert_bias:
+                names.append(layer + "mlp.router.expert_bias")
             for e in range(arch.num_experts):
                 names += [f"{layer}mlp.experts.local_experts.{e}.linear_fc1.weight",
                           f"{layer}mlp.experts.local_experts.{e}.linear_fc2.weight"]
+            if arch.shared_expert_ffn_hidden_size:
+                names += [layer + "mlp.shared_experts.linear_fc1.weight",
+                          layer + "mlp.shared_experts.linear_fc2.weight"]
         else:
             names += [layer + "mlp.linear_fc1.weight", layer + "mlp.linear_fc2.weight"]
     names.append("decoder.final_layernorm.weight")
     if not arch.tie_word_embeddings:
         names.append("output_layer.weight")
     return names
+
+
+def _attention_names(arch: Arch) -> tuple[str, ...]:
+    """A layer's attention weights, in the model's order."""
+    attention = "self_attention."
+    if arch.is_mla:
+        query = (("linear_q_down_proj.weight", "linear_q_up_proj.weight", "q_layernorm.weight")
+                 if arch.q_lora_rank else ("linear_q_proj.weight",))
+        return tuple(attention + n for n in (
+            "linear_proj.weight", *query, "linear_kv_down_proj.weight",
+            "linear_kv_up_proj.weight", "kv_layernorm.weight"))
+    return tuple(attention + n for n in (
+        "linear_proj.weight", "linear_qkv.weight",
+        *(("linear_qkv.bias",) if arch.qkv_bias else ()),
+        *(("q_layernorm.weight", "k_layernorm.weight") if arch.qk_norm else ())))
 
 
 _RENAMES = {
@@ -127,7 +154,17 @@ _RENAMES = {
     "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
     "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
     "mlp.router.weight": "mlp.gate.weight",
+    "mlp.router.expert_bias": "mlp.gate.e_score_correction_bias",
     "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    "mlp.shared_experts.linear_fc2.weight": "mlp.shared_experts.down_proj.weight",
+    # multi-head latent attention (DeepSeek-V3)
+    "self_attention.linear_q_proj.weight": "self_attn.q_proj.weight",
+    "self_attention.linear_q_down_proj.weight": "self_attn.q_a_proj.weight",
+    "self_attention.linear_q_up_proj.weight": "self_attn.q_b_proj.weight",
+    "self_attention.q_layernorm.weight@mla": "self_attn.q_a_layernorm.weight",
+    "self_attention.linear_kv_down_proj.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "self_attention.linear_kv_up_proj.weight": "self_attn.kv_b_proj.weight",
+    "self_attention.kv_layernorm.weight": "self_attn.kv_a_layernorm.weight",
 }
 _GLOBALS = {
     "embedding.word_embeddings.weight": "model.embed_tokens.weight",
@@ -135,6 +172,11 @@ _GLOBALS = {
     "output_layer.weight": "lm_head.weight",
 }
 _MC_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+def _mla_key(rest: str, arch: Arch) -> str:
+    """MLA's query-latent norm has the name of the attention's q/k norm in megatron-core."""
+    return rest + "@mla" if arch.is_mla and rest == "self_attention.q_layernorm.weight" else rest
 _MC_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 
 
@@ -146,18 +188,21 @@ def tensor_to_hf(name: str, tensor: torch.Tensor, arch: Arch) -> dict[str, torch
     found = _MC_LAYER.match(name)
     if not found:
         raise KeyError(f"no HF name for {name}")
-    layer, rest = f"model.layers.{found[1]}.", found[2]
+    layer, rest = f"model.layers.{found[1]}.", _mla_key(found[2], arch)
     if rest in _RENAMES:
         return {layer + _RENAMES[rest]: tensor}
-    if rest == "self_attention.linear_qkv.weight":
-        q, k, v = _qkv_split(tensor, arch)
-        return {layer + "self_attn.q_proj.weight": q, layer + "self_attn.k_proj.weight": k,
-                layer + "self_attn.v_proj.weight": v}
+    if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+        kind = rest.rsplit(".", 1)[1]
+        parts = _qkv_split(tensor.reshape(-1, 1) if kind == "bias" else tensor, arch)
+        return {f"{layer}self_attn.{p}_proj.{kind}": t.reshape(-1) if kind == "bias" else t
+                for p, t in zip("qkv", parts, strict=True)}
     expert = _MC_EXPERT.match(rest)
-    prefix = f"{layer}mlp.experts.{expert[1]}." if expert else layer + "mlp."
+    prefix = (f"{layer}mlp.experts.{expert[1]}." if expert else
+              layer + "mlp.shared_experts." if rest.startswith("mlp.shared_experts.") else
+              layer + "mlp.")
     if expert and expert[2] == "linear_fc2":
         return {prefix + "down_proj.weight": tensor}
-    if expert or rest == "mlp.linear_fc1.weight":
+    if expert or rest in ("mlp.linear_fc1.weight", "mlp.shared_experts.linear_fc1.weight"):
         gate, up = torch.chunk(tensor, 2, dim=0)
         return {prefix + "gate_proj.weight": gate.contiguous(),
                 prefix + "up_proj.weight": up.contiguous()}

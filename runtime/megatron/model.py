@@ -1,4 +1,6 @@
-"""Build megatron-core's GPTModel for a Qwen3 / Qwen3-MoE architecture (vime's Arch).
+"""Build megatron-core's GPTModel for vime's Arch: Qwen3 / Qwen3-MoE, and the DeepSeek-V3
+(MLA, shared experts, sigmoid routing with the expert bias, group-limited routing) and GLM-4.5
+(QKV bias, partial rotary, shared experts) families (`_family_args`).
 
 Two layer specs (`choose_transformer_impl`, the spec's train.transformer_impl):
 - "transformer_engine": megatron-core's Transformer Engine spec as it is (TE attention, the
@@ -74,7 +76,10 @@ class FlashCoreAttention(torch.nn.Module):
     its own end, causal aligned to the lower right."""
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type,
-                 attention_dropout=None, softmax_scale=None, cp_comm_type=None, pg_collection=None):
+                 attention_dropout=None, softmax_scale=None, cp_comm_type=None, pg_collection=None,
+                 k_channels=None, v_channels=None):
+        # k_channels / v_channels: MLA's query-key and value widths differ (192 and 128 in
+        # DeepSeek-V3); SDPA reads both from the tensors
         super().__init__()
         self.config = config
         self.softmax_scale = softmax_scale
@@ -131,8 +136,42 @@ class RMSNorm(torch.nn.Module):
         return F.rms_norm(hidden, (hidden.shape[-1],), self.weight, self.eps)
 
 
+def _family_args(arch: Arch) -> dict:
+    """megatron-core's names for what a DeepSeek-V3 or GLM-4.5 layer has beyond Qwen3's: MLA,
+    QKV bias, no q/k norm, shared experts, sigmoid scores with an expert bias, group-limited
+    routing and scaled routing weights; empty for a Qwen3 / Qwen3-MoE."""
+    args: dict = {}
+    if arch.is_mla:  # MLATransformerConfig (megatron/core/transformer/transformer_config.py)
+        args.update(multi_latent_attention=True, q_lora_rank=arch.q_lora_rank or None,
+                    kv_lora_rank=arch.kv_lora_rank, qk_head_dim=arch.qk_nope_head_dim,
+                    qk_pos_emb_head_dim=arch.qk_rope_head_dim, v_head_dim=arch.v_head_dim,
+                    rope_type="rope", rotary_base=arch.rope_theta,
+                    kv_channels=arch.qk_nope_head_dim + arch.qk_rope_head_dim)
+    if arch.qkv_bias:
+        args["add_qkv_bias"] = True
+    if not arch.qk_norm and not arch.is_mla:  # MLA's q/kv latent norms are its qk_layernorm
+        args["qk_layernorm"] = False
+    if arch.is_moe and arch.shared_expert_ffn_hidden_size:
+        args["moe_shared_expert_intermediate_size"] = arch.shared_expert_ffn_hidden_size
+    if arch.is_moe and arch.score_function != "softmax":
+        # megatron-core renormalises the top-k sigmoid scores (router_utils.py
+        # topk_routing_with_score_function), as transformers does for norm_topk_prob
+        args.update(moe_router_score_function=arch.score_function, moe_router_pre_softmax=False)
+    if arch.is_moe and arch.expert_bias:
+        # the checkpoint's e_score_correction_bias, kept as trained: no online update
+        args.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.0)
+    if arch.is_moe and arch.num_groups > 1:
+        args.update(moe_router_num_groups=arch.num_groups, moe_router_group_topk=arch.group_topk)
+    if arch.is_moe and arch.routed_scaling_factor != 1.0:
+        args["moe_router_topk_scaling_factor"] = arch.routed_scaling_factor
+    return args
+
+
 def transformer_config(arch: Arch, recompute: str = "none", **overrides):
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import (
+        MLATransformerConfig,
+        TransformerConfig,
+    )
 
     recompute_args = {}
     if recompute == "full":
@@ -161,8 +200,9 @@ def transformer_config(arch: Arch, recompute: str = "none", **overrides):
         # variable sequence length"); a dense model builds no dispatcher
         variable_seq_lengths=True, moe_token_dispatcher_type="alltoall", **moe,
         **recompute_args)
+    kwargs.update(_family_args(arch))
     kwargs.update(overrides)
-    return TransformerConfig(**kwargs)
+    return (MLATransformerConfig if arch.is_mla else TransformerConfig)(**kwargs)
 
 
 def _pipeline_rank() -> int:
@@ -257,7 +297,7 @@ def _log_once(line: str) -> None:
 
 def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = True,
               post_process: bool = True, experts: str | None = None, impl: str = "local"):
-    """GPTModel with Qwen3's layout; call under an initialised megatron parallel state. A
+    """GPTModel of the architecture; call under an initialised megatron parallel state. A
     pipeline stage builds its own layers, with the embedding on the first stage
     (pre_process) and the final norm and output layer on the last (post_process). `impl`:
     "local" or "transformer_engine" (choose_transformer_impl's answer). `experts` (local spec
@@ -287,7 +327,15 @@ def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = 
     for layer in spec.layer_specs:
         attention = layer.submodules.self_attention.submodules
         attention.core_attention = FlashCoreAttention
-        attention.q_layernorm = attention.k_layernorm = RMSNorm
+        if arch.is_mla:  # MLASelfAttentionSubmodules: norms of the query and key-value latents
+            from megatron.core.transformer.identity_op import IdentityOp
+
+            # no query latent without q_lora_rank (Moonlight): megatron-core refuses a norm
+            # there (mla_qk_norm_config.py)
+            attention.q_layernorm = RMSNorm if arch.q_lora_rank else IdentityOp
+            attention.kv_layernorm = RMSNorm
+        elif arch.qk_norm:
+            attention.q_layernorm = attention.k_layernorm = RMSNorm
         layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
     _log_once("vime: layer spec: local (torch SDPA attention, torch RMSNorm)")
     if arch.is_moe:
@@ -301,7 +349,7 @@ def _gpt(GPTModel, arch: Arch, config, spec, max_sequence_length: int, pre_proce
     return GPTModel(config, spec, vocab_size=arch.vocab_size, pre_process=pre_process,
                     post_process=post_process,
                     max_sequence_length=max_sequence_length, position_embedding_type="rope",
-                    rotary_base=int(arch.rope_theta),
+                    rotary_base=int(arch.rope_theta), rotary_percent=arch.partial_rotary_factor,
                     share_embeddings_and_output_weights=arch.tie_word_embeddings)
 
 

@@ -73,14 +73,19 @@ def pieces(gpt) -> list[Piece]:
         is_main_replica,
     )
 
-    # parameters may be views into one DDP buffer: find a piece's parameter by address
+    state = gpt.sharded_state_dict()
+    apply_factories(state)
+    # parameters may be views into one DDP buffer: find a piece's parameter by address. The
+    # router's expert bias (DeepSeek-V3, GLM-4.5) is a buffer that the checkpoint holds too,
+    # moved to fp32 storage when a state dict is taken (megatron/core/transformer/moe/
+    # router.py), so the addresses are read after it
+    held = [*gpt.named_parameters(), *(
+        (name, b) for name, b in gpt.named_buffers() if name.endswith("router.expert_bias"))]
     spans = sorted((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), name)
-                   for name, p in gpt.named_parameters())
+                   for name, p in held)
     starts = [start for start, _end, _name in spans]
     # a pipeline stage numbers its layers from 0; the full model's names number them globally
     layer_of = {i: layer.layer_number - 1 for i, layer in enumerate(gpt.decoder.layers)}
-    state = gpt.sharded_state_dict()
-    apply_factories(state)
     out: list[Piece] = []
     for entry in nested_values(state):
         if not isinstance(entry, ShardedTensor):

@@ -1,4 +1,4 @@
-"""A failed job's error as one line for outcome.json and the terminal (issue 15).
+"""A failed job's error as one line for outcome.json and the terminal.
 
 Ray's exceptions carry the whole remote traceback with ANSI colours in their message
 (`RayTaskError(RuntimeError): [36mray::TrainWorker.load()[39m ...` and 25 lines after it).

@@ -15,7 +15,7 @@ job.sbatch; `vime submit --local`: one process per node on this machine):
 - the head runs the driver, then writes `ray/done-<attempt>`; every node stops its own Ray
   (runtime.node.ray_bootstrap.RayNode.stop: never `ray stop`), the workers first.
 
-The driver contract (runtime/node/driver.py, issue 6):
+The driver contract (runtime/node/driver.py):
 
     def run(plan: dict, resolved_toml: str, job_dir: pathlib.Path, resume: bool) -> None
 
@@ -75,6 +75,7 @@ from runtime.node.ray_bootstrap import (
 )
 from vime.launch import lock
 from vime.launch import ports as port_plan
+from vime.launch.jobdir import DEFAULT_DRIVER
 
 POLL_S = 0.5
 WORKER_STOP_WAIT_S = 15.0
@@ -329,8 +330,6 @@ class _RayWatch(threading.Thread):
 
 def _preflight(launch: dict, job_dir: Path) -> None:
     """The default driver's inputs, before Ray starts (runtime/node/preflight.py)."""
-    from vime.launch.submit import DEFAULT_DRIVER
-
     for line in installed_lines(tomllib.loads((job_dir / "resolved.toml").read_text())):
         print(line, flush=True)
     if launch["driver"] == DEFAULT_DRIVER:

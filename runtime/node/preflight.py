@@ -1,5 +1,6 @@
 """What the default driver would stop on after Ray's start-up, checked on the head node before
-Ray starts (issue 15: a missing prompt file was found after the queue wait and 40 s of Ray).
+Ray starts: otherwise a missing prompt file is found after the queue wait and Ray's start-up
+(tests/launch/test_start.py).
 
 - data.prompt_data must be a file the head can open: on Slurm the path may exist only on the
   cluster, so `vime submit` cannot check it, and `--local` checks it before the job with the
@@ -9,6 +10,8 @@ Ray starts (issue 15: a missing prompt file was found after the queue wait and 4
   the head's own process, where the driver imports it anyway (runtime/rl/rewards.py): the
   same module a little earlier, with the driver's own message. A misspelt built-in name is
   V906 at compile time and never reaches a job.
+- the same for each [[eval.datasets]] table's prompt_data and reward, and for
+  rollout.dynamic_sampling_filter when dynamic sampling is on.
 
 - the checkpoint folder (model.save, else <experiment>/checkpoints) must be writable, with
   room for a save as large as the newest one there: a read-only model.save failed only at the
@@ -29,7 +32,7 @@ import tomllib
 from pathlib import Path
 
 from runtime.core.slices import _path, _spec_dir
-from runtime.rl import rewards
+from runtime.rl import rewards, sampling
 from runtime.rl.checkpoint import CheckpointError, Checkpoints
 from vime import doctor
 
@@ -104,6 +107,30 @@ def save_dir_problem(save: str | None, spec_dir: Path, experiment_dir: Path) -> 
     return None
 
 
+def eval_and_filter_problem(spec: dict, spec_dir: Path, reward_dir: str | None = None) -> str | None:
+    """The first eval dataset whose prompts do not open or whose reward does not import, or
+    a dynamic-sampling filter that does not import; None when there is none."""
+    for index, dataset in enumerate(spec.get("eval", {}).get("datasets", [])):
+        key = f"eval.datasets[{index}]"
+        problem = prompt_data_problem(dataset["prompt_data"], spec_dir)
+        if problem:
+            return problem.replace("data.prompt_data", f"{key}.prompt_data", 1)
+        problem = reward_problem(dataset["reward"], reward_dir)
+        if problem:
+            return f"{key}: {problem}"
+    rollout = spec["rollout"]
+    name = rollout.get("dynamic_sampling_filter")
+    if name and rollout.get("dynamic_sampling"):
+        try:
+            sampling.load_filter(name)
+        except ValueError as err:
+            return str(err)
+        except Exception as err:  # the module's own code failed on import
+            return (f"rollout.dynamic_sampling_filter = {name!r}: importing it failed: "
+                    f"{type(err).__name__}: {err}")
+    return None
+
+
 def check_job(job_dir: Path) -> None:
     """Raises PreflightError with the first problem of the job folder's spec."""
     plan = json.loads((job_dir / "plan.json").read_text())
@@ -113,7 +140,8 @@ def check_job(job_dir: Path) -> None:
     problem = (prompt_data_problem(data["prompt_data"], spec_dir, data["input_key"],
                                    data["label_key"])
                or reward_problem(spec["rollout"]["reward"], spec_dir_of(job_dir))
-               or save_dir_problem(spec["model"].get("save"), spec_dir, job_dir.parent))
+               or save_dir_problem(spec["model"].get("save"), spec_dir, job_dir.parent)
+               or eval_and_filter_problem(spec, spec_dir, spec_dir_of(job_dir)))
     if problem:
         raise PreflightError(problem)
 

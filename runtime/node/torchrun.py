@@ -7,7 +7,7 @@ ranks):
 compiles SPEC in every process (the plan must have N training ranks on one node), runs the
 GRPO loop on rank 0 with the first engine of the plan in rank 0's process, and writes
 metrics.jsonl and checkpoints under DIR. This is how the Megatron backend's multi-GPU
-layouts were run on the lent GPU machines, which have no Ray (docs/gpu-runs.md).
+layouts run on a GPU machine without Ray (benchmarks/gpu/parallel_suite.sh, docs/gpu-runs.md).
 """
 
 from __future__ import annotations

@@ -18,6 +18,12 @@ from dataclasses import dataclass
 from runtime.core.slices import DataConfig
 
 
+def request_seed(seed: int, rollout_id: int, sample: int) -> int:
+    """The seed of one generation request: a function of the experiment's seed, the rollout
+    and the sample's index in it, so a resumed run draws the same samples."""
+    return ((seed * 1_000_003 + rollout_id) * 100_003 + sample) % (1 << 62)
+
+
 @dataclass(frozen=True)
 class Prompt:
     index: int  # line number in the file (0-based, counting kept and dropped lines)

@@ -5,9 +5,12 @@ It talks to the actor and the engines through two groups (runtime/workers/actors
 the plan's GPUs, or in-process for tests) and never to a backend directly. One rollout,
 colocated (the engines and the actor share the GPUs and take turns):
 
-    generate (engines awake, actor offloaded)
+    evaluate [[eval.datasets]] when due (engines awake; runtime/rl/evaluation.py)
+    generate (engines awake, actor offloaded); with dynamic sampling, again until
+        batch_size groups of differing rewards are kept (runtime/rl/sampling.py)
     engines sleep (level 2: weights dropped)      actor onload
-    rewards, advantages (algorithm.advantage_estimator)
+    rewards (the overlong penalty), advantages (algorithm.advantage_estimator; overlong
+        responses masked)
     old log-probs (actor), reference log-probs (when kl_loss_coef > 0)
     steps_per_rollout optimizer steps of global_batch_size samples
     checkpoint (every checkpoint.save_interval rollouts, and after the last)
@@ -15,9 +18,11 @@ colocated (the engines and the actor share the GPUs and take turns):
     actor offload                                 engines wake weights
     weights version v+1 pushed to every engine    engines wake KV cache
 
-Disaggregated runs skip the sleep/offload lines. Every number of a rollout is derived from
-(experiment.seed, rollout index, sample index) and the checkpointed state, so a resumed run
-repeats exactly what the uninterrupted one would have done.
+After the last rollout the final weights are evaluated once more (eval.at_end). Disaggregated
+runs skip the sleep/offload lines, and so do colocated ones whose actor and engines stay
+resident (plan.json's colocation.mode, from train.offload). Every number of a rollout is
+derived from (experiment.seed, rollout index, sample index) and the checkpointed state, so a
+resumed run repeats exactly what the uninterrupted one would have done.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from runtime.core.interfaces import GenerationRequest, SamplingParams, TrainBatc
 from runtime.core.slices import JobConfig
 from runtime.rl import guards, rewards
 from runtime.rl.checkpoint import Checkpoints, hf_due, record_of
-from runtime.rl.data import PromptSampler
+from runtime.rl.data import PromptSampler, request_seed
+from runtime.rl.evaluation import Evaluator
 from runtime.rl.metrics import MetricsLogger
+from runtime.rl.sampling import Group, Refill, load_filter, mask_overlong, overlong_penalty
 
 # mean |actor - engine| log-prob per response token on the same weights above which the loop
 # says the engine is not generating with them (bf16 engines and actors differ by ~0.01-0.05)
@@ -52,10 +59,6 @@ def logprob_gap(actor: list[list[float]], engine: list[list[float]]) -> dict[str
         return {"rollout/logprob_abs_diff": 0.0, "rollout/logprob_abs_diff_max": 0.0}
     return {"rollout/logprob_abs_diff": statistics.fmean(diffs),
             "rollout/logprob_abs_diff_max": max(diffs)}
-
-
-def request_seed(seed: int, rollout_id: int, sample: int) -> int:
-    return ((seed * 1_000_003 + rollout_id) * 100_003 + sample) % (1 << 62)
 
 
 @dataclass
@@ -83,6 +86,13 @@ class GRPOLoop:
             max_new_tokens=config.max_response_len,
             stop_token_ids=tuple(sorted(_stop_ids(tokenizer))),
             return_routed_experts=bool(config.train["routing_replay"]))
+        self.evaluator = Evaluator(config.evaluation, config.seed, tokenizer,
+                                   self.params.stop_token_ids, log=log,
+                                   reward_timeout_s=config.reward_timeout_s)
+        policy = config.sampling
+        self.group_filter = (load_filter(policy.dynamic_sampling_filter)
+                             if policy.dynamic_sampling and policy.dynamic_sampling_filter
+                             else None)
         self.version = 0
         self.next_rollout = 0
         self.score = rewards.RewardCaller(reward_fn, config.reward_timeout_s, log)
@@ -117,7 +127,7 @@ class GRPOLoop:
                      f"rollout.num_rollout = {config.num_rollout}")
             return
         start = time.perf_counter()
-        if config.colocate:
+        if config.takes_turns:
             self.train.offload()
         self.train.push_weights(self.rollout, self.version or 1,
                               config.weight_bucket_bytes)
@@ -128,6 +138,11 @@ class GRPOLoop:
         for rollout_id in range(self.next_rollout, config.num_rollout):
             self.metrics.log(rollout_id, self.one_rollout(rollout_id))
             self.commit_checkpoint()
+        if self.evaluator.due(config.num_rollout, config.num_rollout):
+            # the final weights, logged as the rollout that would generate with them
+            self.metrics.log(config.num_rollout, {"weight_version": self.version,
+                                                  **self.evaluator.run(self.rollout,
+                                                                       config.num_rollout)})
         self.metrics.close()
 
     def commit_checkpoint(self) -> None:
@@ -137,39 +152,85 @@ class GRPOLoop:
             pending, self.pending_save = self.pending_save, None
             self.checkpoints.commit(pending)
 
-    def describe_sample(self, rollout_id: int, prompts, index: int) -> rewards.Sample:
-        prompt = prompts[index // self.config.samples_per_prompt]
+    def describe_sample(self, rollout_id: int, prompt, index: int) -> rewards.Sample:
+        """Sample `index` of the rollout, generated from `prompt`, in the words of messages."""
         return rewards.Sample(rollout_id, index, prompt.index + 1,
                               str(self.config.data.prompt_data))
 
+    # --------------------------------------------------------------------------- sample
+
+    def score_group(self, rollout_id: int, first_sample: int, prompt, requests,
+                    generations) -> Group:
+        """One prompt's samples (the rollout's `first_sample` onwards) scored: the reward, then
+        the overlong penalty when rollout.overlong = "penalty"."""
+        policy, group = self.config.sampling, Group(prompt, requests, generations, [], [])
+        for j, generation in enumerate(generations):
+            text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            value, extra = self.score(self.describe_sample(rollout_id, prompt, first_sample + j),
+                                      prompt=prompt.text, response=text, label=prompt.label)
+            group.rewards.append(value)
+            if policy.overlong == "penalty":
+                value += overlong_penalty(len(generation.token_ids), self.config.max_response_len,
+                                          policy.overlong_buffer_len,
+                                          policy.overlong_penalty_factor)
+            group.scores.append(value)
+            for key, number in extra.items():
+                group.extras.setdefault(key, []).append(number)
+        return group
+
+    def sample_groups(self, rollout_id: int, timer: Timer) -> Refill:
+        """Generate and score groups until the rollout's batch is complete (one attempt
+        without dynamic sampling). Seeds count the samples of every attempt, so the kept and
+        the filtered groups replay exactly after a resume."""
+        n = self.config.samples_per_prompt
+        refill = Refill(self.config.sampling, self.config.prompts_per_rollout, self.group_filter)
+        while (size := refill.next_size()) > 0:
+            prompts = self.sampler.next_batch(size)
+            first = refill.prompts_drawn
+            requests = [GenerationRequest(p.token_ids,
+                                          request_seed(self.config.seed, rollout_id,
+                                                       (first + i) * n + j))
+                        for i, p in enumerate(prompts) for j in range(n)]
+            with timer.phase("generate"):
+                generations = self.rollout.generate(requests, self.params)
+            with timer.phase("reward"):
+                refill.add([self.score_group(rollout_id, (first + i) * n, p,
+                                             requests[i * n:(i + 1) * n],
+                                             generations[i * n:(i + 1) * n])
+                            for i, p in enumerate(prompts)])
+        return refill
+
+    # -------------------------------------------------------------------------- rollout
+
     def one_rollout(self, rollout_id: int) -> dict[str, float]:
         config, timer = self.config, Timer()
-        prompts = self.sampler.next_batch(config.prompts_per_rollout)
         n = config.samples_per_prompt
-        requests = [GenerationRequest(p.token_ids, request_seed(config.seed, rollout_id, i * n + j))
-                    for i, p in enumerate(prompts) for j in range(n)]
-        with timer.phase("generate"):
-            generations = self.rollout.generate(requests, self.params)
         numbers: dict[str, float] = {"weight_version": self.version}
-        if config.colocate:
+        if self.evaluator.due(rollout_id, config.num_rollout):
+            numbers.update(self.evaluator.run(self.rollout, rollout_id))
+        refill = self.sample_groups(rollout_id, timer)
+        groups = refill.batch()
+        requests = [r for g in groups for r in g.requests]
+        generations = [x for g in groups for x in g.generations]
+        sample_prompts = [g.prompt for g in groups for _ in g.generations]
+        every = refill.kept + refill.filtered  # all generated groups, for the reward curve
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.sleep(2)
                 self.train.onload()
             numbers["memory/engine_bytes_while_training"] = self.rollout.resident_bytes()
 
         with timer.phase("reward"):
-            scores, extras = [], {}
-            for index, generation in enumerate(generations):
-                prompt = prompts[index // n]
-                text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-                value, extra = self.score(self.describe_sample(rollout_id, prompts, index),
-                                          prompt=prompt.text, response=text, label=prompt.label)
-                scores.append(value)
-                for key, number in extra.items():
-                    extras.setdefault(key, []).append(number)
+            scores = [s for g in groups for s in g.scores]
+            extras: dict[str, list[float]] = {}
+            for group in every:
+                for key, values in group.extras.items():
+                    extras.setdefault(key, []).extend(values)
             advantages = algorithm.advantages(
                 torch.tensor(scores), n, config.loss.advantage_estimator,
                 config.std_normalization, [len(g.token_ids) for g in generations]).tolist()
+            if config.sampling.overlong == "mask":
+                advantages = mask_overlong(advantages, generations)
 
         batch = TrainBatch(
             tokens=[list(r.prompt_ids) + g.token_ids for r, g in zip(requests, generations,
@@ -184,7 +245,7 @@ class GRPOLoop:
                 batch.ref_log_probs = self.train.log_probs(batch, "ref")
         guards.check_batch(rollout_id, batch.advantages,
                            {"actor": batch.old_log_probs, "reference": batch.ref_log_probs},
-                           lambda i: self.describe_sample(rollout_id, prompts, i).describe())
+                           lambda i: self.describe_sample(rollout_id, sample_prompts[i], i).describe())
         numbers.update(logprob_gap(batch.old_log_probs, batch.rollout_log_probs))
         if numbers["rollout/logprob_abs_diff"] > MAX_LOGPROB_GAP:
             self.log(f"vime: rollout {rollout_id}: the engine's log-probs differ from the "
@@ -214,10 +275,11 @@ class GRPOLoop:
                 self.checkpoints.save_hf(rollout_id, self.train, config.model.hf_checkpoint,
                                          self.tokenizer)
 
-        if config.colocate:
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.train.offload()
                 numbers["memory/actor_bytes_while_generating"] = self.train.resident_bytes()
+                numbers.update(getattr(self.train, "moves", {}))  # a torchrun world has none
                 self.rollout.wake(["weights"])
         with timer.phase("weight_sync"):
             self.version += 1
@@ -225,14 +287,18 @@ class GRPOLoop:
         numbers["weight_sync/bytes"] = sent
         if hasattr(self.train, "export_seconds"):  # the part of the sync spent exporting
             numbers["weight_sync/export_s"] = self.train.export_seconds
-        if config.colocate:
+        if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.wake(["kv_cache"])
 
         response_lens = [len(g.token_ids) for g in generations]
+        generated = [r for g in every for r in g.rewards]
         numbers.update({
-            "reward/mean": statistics.fmean(scores),
-            "reward/std": statistics.pstdev(scores),
+            # every generated sample, kept or filtered: the policy's reward, comparable with
+            # and without dynamic sampling
+            "reward/mean": statistics.fmean(generated),
+            "reward/std": statistics.pstdev(generated),
+            "reward/trained_mean": statistics.fmean(scores),
             **{f"reward/{k}": statistics.fmean(v) for k, v in extras.items()},
             "response_len/mean": statistics.fmean(response_lens),
             "response_len/max": max(response_lens),
@@ -243,8 +309,13 @@ class GRPOLoop:
         # runtime/workers/supervisor.py: engines replaced so far
         if hasattr(self.rollout, "restarts"):
             numbers["rollout/engine_restarts"] = sum(self.rollout.restarts)
+        numbers.update(refill.numbers())
+        if config.sampling.overlong == "penalty":
+            numbers["reward/overlong_penalty"] = statistics.fmean(
+                s - r for g in groups for s, r in zip(g.scores, g.rewards, strict=True))
         numbers.update(_train_numbers(step_stats, config.needs_ref))
-        numbers["throughput/generate_tokens_per_s"] = sum(response_lens) / max(
+        generated_tokens = sum(len(x.token_ids) for g in every for x in g.generations)
+        numbers["throughput/generate_tokens_per_s"] = generated_tokens / max(
             timer.seconds["generate"], 1e-9)
         numbers["throughput/train_tokens_per_s"] = trained_tokens / max(timer.seconds["train"],
                                                                         1e-9)

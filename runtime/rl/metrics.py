@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from vime.launch.progress import eval_parts
+
 CONSOLE = (("reward/mean", "reward {:.3f}"), ("reward/acc", "acc {:.2f}"),
            ("response_len/mean", "len {:.1f}"), ("train/clip_fraction", "clip {:.3f}"),
            ("train/kl", "kl {:.4f}"), ("train/entropy", "ent {:.3f}"),
@@ -53,6 +55,7 @@ class MetricsLogger:
             out.flush()
             os.fsync(out.fileno())  # on disk before the checkpoint that covers it
         parts = [fmt.format(numbers[key]) for key, fmt in CONSOLE if key in numbers]
+        parts += eval_parts(numbers)
         self.print(f"rollout {rollout_id:5d} | " + " | ".join(parts))
         if self.tensorboard is not None:
             for key, value in numbers.items():
@@ -98,13 +101,21 @@ def _started(job_dir: Path) -> float:
 
 
 def table(records: list[dict]) -> str:
-    lines = ["| rollout | job | reward | acc | response len | clip frac | time (s) |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    for r in records:
-        acc = r.get("reward/acc")
-        lines.append(f"| {r['rollout']} | {r['job']} | {r['reward/mean']:.3f} | "
-                     f"{'' if acc is None else f'{acc:.2f}'} | {r['response_len/mean']:.1f} | "
-                     f"{r.get('train/clip_fraction', 0):.3f} | {r['time/rollout']:.2f} |")
+    evals = sorted({k for r in records for k in r
+                    if k.startswith("eval/") and (k.endswith("/acc") or "/pass@" in k)})
+    lines = ["| rollout | job | reward | acc | response len | clip frac | time (s) |"
+             + "".join(f" {k[len('eval/'):]} |" for k in evals),
+             "|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(evals)]
+
+    def cell(record: dict, key: str, fmt: str) -> str:
+        value = record.get(key)
+        return "" if value is None else format(value, fmt)
+
+    for r in records:  # the final evaluation's record has eval numbers only
+        lines.append(f"| {r['rollout']} | {r['job']} | {cell(r, 'reward/mean', '.3f')} | "
+                     f"{cell(r, 'reward/acc', '.2f')} | {cell(r, 'response_len/mean', '.1f')} | "
+                     f"{cell(r, 'train/clip_fraction', '.3f')} | {cell(r, 'time/rollout', '.2f')} |"
+                     + "".join(f" {cell(r, k, '.3f')} |" for k in evals))
     return "\n".join(lines)
 
 

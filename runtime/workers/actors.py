@@ -160,11 +160,17 @@ class TrainWorker(_Host):
         sent = vllm_weights.send(engines, version, self.rank, engine, source)
         return sent if self.rank in route.senders else 0
 
-    def offload(self) -> None:
+    def offload(self) -> tuple[float, int]:
+        """The backend offloaded; returns (seconds, device bytes it held before)."""
+        held = self.resident_bytes()
+        began = time.perf_counter()
         self.backend.offload()
+        return time.perf_counter() - began, max(held, 0)
 
-    def onload(self) -> None:
+    def onload(self) -> float:
+        began = time.perf_counter()
         self.backend.onload()
+        return time.perf_counter() - began
 
     def save(self, path) -> None:
         self.backend.save(path)
@@ -279,6 +285,8 @@ class TrainGroup:
         self.replicas = max(self.data_ranks) + 1
         self._route: tuple | None = None  # (the engines it was decided for, SyncRoute)
         self.export_seconds = 0.0  # of the last push, on its slowest rank
+        # the last offload's and onload's seconds on the slowest rank, and the bytes moved off
+        self.moves: dict[str, float] = {}
         if sorted(d for d, r in zip(self.data_ranks, self.reporting, strict=True) if r) \
                 != list(range(self.replicas)):
             raise ValueError("every data-parallel replica needs exactly one reporting rank: "
@@ -361,10 +369,12 @@ class TrainGroup:
         return sent
 
     def offload(self) -> None:
-        _call_all(self.workers, "offload")
+        moved = _call_all(self.workers, "offload")
+        self.moves["offload/actor_out_s"] = max(seconds for seconds, _ in moved)
+        self.moves["offload/actor_gb"] = sum(held for _, held in moved) / 1e9
 
     def onload(self) -> None:
-        _call_all(self.workers, "onload")
+        self.moves["offload/actor_in_s"] = max(_call_all(self.workers, "onload"))
 
     def save(self, path) -> None:
         _call_all(self.workers, "save", path)

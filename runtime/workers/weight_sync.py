@@ -1,4 +1,4 @@
-"""Which way a weight sync travels, and which actor ranks take part (issue 8).
+"""Which way a weight sync travels, and which actor ranks take part.
 
 Two paths from the actor to the engines:
 

@@ -1,4 +1,4 @@
-"""A local run a person can watch and stop (issue 15), with real processes and a real Ray:
+"""A local run a person can watch and stop, with real processes and a real Ray:
 the terminal shows the job and its rollouts; Ctrl-C, a dying launcher and `vime cancel` leave
 no process of the job and no temp folder behind, and say where the next submit resumes.
 

@@ -48,7 +48,7 @@ def test_a_failing_driver_fails_the_job_and_says_why(tmp_path):
 
 
 def test_an_actor_error_reaches_the_terminal_as_one_clean_line(tmp_path):
-    # issue 15: `RayTaskError(RuntimeError): [36mray::TrainWorker.load()[39m` and 25 lines
+    # not `RayTaskError(RuntimeError): [36mray::TrainWorker.load()[39m` and 25 lines
     done = vime("submit", str(SMOKE), "--local",
                 *spec_sets(tmp_path, nodes=1, gpus_per_node=2),
                 env={"VIME_DRIVER": f"{DRIVERS}:actor_fails"})

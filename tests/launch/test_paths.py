@@ -100,8 +100,7 @@ def test_the_job_finds_the_prompts_from_another_working_folder(tmp_path, monkeyp
 
 
 def test_the_build_folders_job_sbatch_is_the_script_vime_submit_submits(tmp_path):
-    # issue 15: the build folder's README.txt said so, while vime compile wrote `python3` and
-    # vime submit the interpreter's path
+    # the build folder's README.txt says so: both write the interpreter's path, not `python3`
     sets = spec_sets(tmp_path / "runs")
     compiled = vime("compile", str(SMOKE), *sets, "-o", str(tmp_path / "build"))
     assert compiled.returncode == 0, compiled.stderr

@@ -1,6 +1,6 @@
 """`vime submit` warns (V701) when a path the nodes of a multi-node job need is on a file system
 of this machine only: the venv's Python, output_dir, checkpoint folders, prompts
-(vime/launch/shared.py, issue 15). A job of one node is never warned about."""
+(vime/launch/shared.py). A job of one node is never warned about."""
 
 from __future__ import annotations
 

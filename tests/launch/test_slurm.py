@@ -157,7 +157,7 @@ def test_a_requeued_job_resumes_where_it_stopped(tmp_path):
 
 
 def test_the_build_folders_script_runs_as_it_is(tmp_path):
-    # issue 15: the build folder's job.sbatch is the script that runs; plain sbatch, from the
+    # the build folder's job.sbatch is the script that runs; plain sbatch, from the
     # folder vime compile ran in, and the job writes its own job folder
     sets = spec_sets(tmp_path / "runs")
     compiled = vime("compile", str(SMOKE), *sets, "-o", "build/smoke", cwd=tmp_path)
@@ -191,7 +191,7 @@ def test_the_build_folders_script_runs_as_it_is(tmp_path):
 
 
 def test_prompts_the_node_cannot_read_fail_the_job_before_ray_starts(tmp_path):
-    # issue 15: found after the queue wait and Ray's start-up; the path may exist only on
+    # not after the queue wait and Ray's start-up; the path may exist only on
     # the cluster, so the head checks it (the default driver: no VIME_DRIVER)
     assert "VIME_DRIVER" not in os.environ
     job_id = submitted_id(vime("submit", str(SMOKE), *spec_sets(tmp_path)))
@@ -208,7 +208,7 @@ def test_prompts_the_node_cannot_read_fail_the_job_before_ray_starts(tmp_path):
 
 
 def test_logs_f_shows_the_progress_of_a_slurm_job_until_it_ends(tmp_path):
-    # issue 15: what `vime submit --local` prints, for a job on Slurm
+    # what `vime submit --local` prints, for a job on Slurm
     sets = spec_sets(tmp_path, **{"rollout.num_rollout": "6"})
     done = vime("submit", str(SMOKE), *sets, "--quiet", env={
         **ROLLOUTS, "VIME_TEST_STEPS": "6", "VIME_TEST_STEP_S": "0.5"})

@@ -1,4 +1,4 @@
-"""Where a run starts, said before anything starts (issue 15): a finished run says so without
+"""Where a run starts, said before anything starts: a finished run says so without
 starting Ray, `--fresh` starts a new run folder beside the old one, and a prompt file the job
 could not read is an error before the job exists."""
 

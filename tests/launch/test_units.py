@@ -135,7 +135,7 @@ def _ended_job(folder, rollouts: int, state: str = "succeeded", error=None):
 
 
 def test_logs_f_of_an_ended_job_shows_its_progress_and_outcome(tmp_path):
-    # issue 15: `vime logs -f` shows what `submit --local` shows; the rollouts already in the
+    # `vime logs -f` shows what `submit --local` shows; the rollouts already in the
     # log, read at once, get the loop's own time per rollout as their ETA, not 0:00
     folder = tmp_path / "local-0000aaaa"
     _ended_job(folder, 4)

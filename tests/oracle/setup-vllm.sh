@@ -23,7 +23,7 @@ if ! "$VENV/bin/python" -c 'import vllm, pytest, hypothesis; assert vllm.__versi
     [ -n "$python" ] || { echo "setup-vllm.sh: no Python 3.12 found" >&2; exit 1; }
     rm -rf "$VENV"
     "$python" -m venv "$VENV"
-    # pip's downloads shown: 8 minutes of nothing otherwise (issue 17)
+    # pip's downloads shown: 8 minutes of nothing otherwise
     echo "installing vLLM 0.33.0 and its torch into $VENV (about 9.4 GB; measured: 8 minutes)"
     "$VENV/bin/python" -m pip install "vllm==0.33.0" "pytest>=8" "hypothesis>=6.100"
 fi

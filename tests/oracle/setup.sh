@@ -75,7 +75,7 @@ else
     "$python" -m venv "$VENV"
     # One resolve: torch with all of its declared dependencies (nvidia-* CUDA libraries, triton)
     # because its shared libraries need them at import time, and megatron.core imports triton.
-    # pip's downloads shown: 2 to 3 minutes of nothing otherwise (issue 17)
+    # pip's downloads shown: 2 to 3 minutes of nothing otherwise
     echo "installing torch $TORCH_VERSION and megatron-core $MCORE_VERSION into $VENV" \
          "(about 5.5 GB; measured: 2 to 3 minutes with a cold pip cache)"
     "$VENV/bin/python" -m pip install \

@@ -1,4 +1,4 @@
-"""Oracle: runtime/megatron/grouped_experts.py's GroupedMLP (torch._grouped_mm, issue 19)
+"""Oracle: runtime/megatron/grouped_experts.py's GroupedMLP (torch._grouped_mm)
 against megatron-core's own SequentialMLP, on the CPU (torch's grouped GEMM has a CPU path in
 bf16; no GPU here), in spawned gloo worlds:
 

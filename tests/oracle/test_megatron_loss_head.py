@@ -1,5 +1,5 @@
 """Oracle: the Megatron backend's loss head on a real GPTModel under tensor parallelism (tp = 2,
-sequence parallel), in two CPU processes over gloo (issue 18).
+sequence parallel), in two CPU processes over gloo.
 
 The backend asks the model for its final hidden states and output weight (megatron-core's
 output_processor hook, runtime/backends/megatron_train.py's _head_inputs: the sequence gathered
@@ -88,7 +88,7 @@ def _loss(log_probs, entropy, entropy_coef, mask):
 
 
 def _oracle(gpt, model, backend, batch, entropy_coef):
-    """The backend's computation before issue 18: whole logits, then the log-softmax."""
+    """The whole-logits computation: the logits, then the log-softmax."""
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
     ids = backend._inputs(batch, [0, 1])

@@ -1,5 +1,5 @@
 """Oracle: what megatron-core's MoE layer keeps for the backward, with either of the backend's
-expert paths (issue 19, item 4), against the planner's activation terms (vime/plan/memory.py).
+expert paths, against the planner's activation terms (vime/plan/memory.py).
 
 On the CPU, in a spawned gloo world of one, with a real megatron-core MoE layer (router,
 the alltoall token dispatcher the backend uses, experts) built by runtime/megatron/model.py

@@ -1,7 +1,7 @@
 """Oracle: the Megatron backend's log-probs and entropy under tensor parallelism (tp = 2, and
 tp = 2 with context parallel cp = 2), with and without top-p and an entropy bonus, in CPU
 processes over gloo with megatron-core's own groups and gathers, against the log-softmax (or
-the nucleus log-probs) of the whole logits in one process (issues 14 and 18).
+the nucleus log-probs) of the whole logits in one process.
 
 The decoder is left out: each rank's model returns its part of one fixed set of final hidden
 states (its positions under cp) and its rows of one fixed output weight (its vocabulary under
@@ -118,7 +118,7 @@ def _loss(log_probs, entropy, entropy_coef):
 
 
 def _expected(top_p: float, entropy_coef: float):
-    """The unchunked computation on the whole logits (the backends' before issue 18)."""
+    """The unchunked computation on the whole logits (the definition the chunks must match)."""
     hidden, weight = _whole()
     ids = torch.tensor([t + [0] * (WIDTH - len(t)) for t in TOKENS])
     rows, positions, mask = response_positions(PROMPT_LENS, [len(t) for t in TOKENS], WIDTH)

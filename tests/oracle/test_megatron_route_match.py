@@ -1,4 +1,4 @@
-"""Oracle: the share of replayed routes the actor's routers pick too (issue 14's R3 metric,
+"""Oracle: the share of replayed routes the actor's routers pick too (the R3 metric,
 train/replayed_route_match), counted around megatron-core's own RouterReplay: while the
 backend counts, each router's replayed top-k is compared with the top-k of its own scores."""
 

@@ -3,8 +3,8 @@ real Adam (CPU).
 
 megatron-core's DistributedOptimizer, without Apex or Transformer Engine, reloads the step
 through its param_groups and puts one tensor object in every parameter's state; torch's
-Adam then adds 1 to it once per parameter at each step (docs/gpu-runs.md, third session:
-17 and 33 after one step on two H200s). The backend saves the counts and gives every
+Adam then adds 1 to it once per parameter at each step (17 and 33 after one step on
+two H200s, 2026-11-29: docs/gpu-runs.md). The backend saves the counts and gives every
 parameter its own tensor again.
 """
 

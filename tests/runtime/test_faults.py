@@ -57,7 +57,9 @@ def reward_module(tmp_path, monkeypatch):
 
 
 def _loop(tmp_path, job="job", log=lambda line: None, **keys):
-    keys = {"rollout__num_rollout": "3", "checkpoint__save_interval": "1", **keys}
+    # no eval: its reward calls would count towards the faulty rewards' call counter
+    keys = {"rollout__num_rollout": "3", "checkpoint__save_interval": "1",
+            "eval__datasets": "[]", **keys}
     _, _, config = job_config(tmp_path, job, **keys)
     loop = in_process_loop(config, log=log)
     return loop, config

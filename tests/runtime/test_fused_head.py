@@ -1,6 +1,6 @@
 """runtime/core/fused_head.py's Triton kernels on the CPU: tests/runtime/fused_head_cases.py in
 a pytest of its own under Triton's interpreter (TRITON_INTERPRET=1 before Triton is imported,
-which this session may have done already)."""
+which this pytest process may have done already)."""
 
 from __future__ import annotations
 

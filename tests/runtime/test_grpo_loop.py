@@ -64,12 +64,37 @@ def test_colocated_phases_free_the_device_of_the_side_that_waits(tmp_path):
         assert record["memory/engine_bytes_while_training"] == 0
         assert record["memory/actor_bytes_while_generating"] == 0
         assert record["time/offload"] > 0
+        # the actor's own share of it: what it held before, and both copies' seconds
+        assert record["offload/actor_gb"] > 0
+        assert record["offload/actor_out_s"] > 0 and record["offload/actor_in_s"] > 0
     loop, config = _run(tmp_path / "split", "split", rollout__num_rollout="2",
                         cluster__gpus_per_node="2", train__colocate="false",
                         train__num_gpus="1")
     record = metrics(config.job_dir)[-1]
     assert "memory/engine_bytes_while_training" not in record and "time/offload" not in record
     assert loop.rollout.resident_bytes() > 0 and loop.train.resident_bytes() > 0
+
+
+def test_a_resident_colocated_run_never_offloads_nor_sleeps(tmp_path):
+    _, _, config = job_config(tmp_path, "resident", rollout__num_rollout="2",
+                              train__offload='"never"')
+    assert config.colocate and config.resident and not config.takes_turns
+    loop = in_process_loop(config)
+    calls = []
+    for group, names in ((loop.train, ("offload", "onload")), (loop.rollout, ("sleep", "wake"))):
+        for name in names:
+            method = getattr(group, name)
+            setattr(group, name, lambda *a, _m=method, _n=name: (calls.append(_n), _m(*a))[1])
+    loop.restore()
+    loop.run()
+    assert calls == []
+    record = metrics(config.job_dir)[-1]
+    assert "time/offload" not in record and record["weight_version"] == 2
+    assert loop.rollout.resident_bytes() > 0 and loop.train.resident_bytes() > 0
+    # the same spec taking turns calls them every rollout
+    _, _, turns = job_config(tmp_path / "turns", "turns", rollout__num_rollout="1",
+                             train__offload='"always"')
+    assert turns.takes_turns
 
 
 def test_kl_loss_against_the_reference_and_the_entropy_bonus(tmp_path):
@@ -152,3 +177,36 @@ def test_an_engine_that_keeps_stale_weights_shows_in_the_logprob_gap(tmp_path):
     assert gaps[0] < 1e-4 and gaps[-1] > 10 * max(gaps[0], 1e-6)
     assert all(r["rollout/logprob_abs_diff_max"] >= g
                for r, g in zip(metrics(config.job_dir), gaps, strict=True))
+
+
+def test_eval_metrics_and_an_exact_resume_with_dynamic_sampling(tmp_path):
+    keys = dict(rollout__num_rollout="4", checkpoint__save_interval="2", eval__interval="2",
+                rollout__dynamic_sampling="true", rollout__over_sampling_batch_size="4",
+                rollout__overlong='"mask"', eval__at_end="true")
+    straight, config = _run(tmp_path / "a", "straight", **keys)
+    first, _ = _run(tmp_path / "b", "first", **{**keys, "rollout__num_rollout": "2"})
+    resumed, resumed_config = _run(tmp_path / "b", "resumed", **keys)
+    expected = metrics(config.job_dir)
+    got = metrics(first.config.job_dir) + metrics(resumed_config.job_dir)
+    # rollouts 0-3, then the final weights' evaluation as rollout 4; the first job ends with
+    # its own final evaluation (rollout 2), which the resumed job repeats before rollout 2
+    assert [r["rollout"] for r in expected] == [0, 1, 2, 3, 4]
+    assert [r["rollout"] for r in got] == [0, 1, 2, 2, 3, 4]
+    del got[2]
+    evaluated = [r["rollout"] for r in expected if "eval/arith/pass@4" in r]
+    assert evaluated == [0, 2, 4]
+    assert set(expected[4]) >= {"eval/arith/acc", "eval/arith/pass@1", "eval/arith/pass@2",
+                                "eval/arith/reward", "eval/arith/response_len"}
+    assert 0 <= expected[0]["eval/arith/pass@1"] <= expected[0]["eval/arith/pass@4"] <= 1
+    # 4 prompts per attempt for 8 groups: at least 2 attempts each rollout
+    assert all(r["rollout/sampling_attempts"] >= 2 for r in expected[:4])
+    compared = (*COMPARED, "rollout/groups_kept", "rollout/groups_filtered",
+                "rollout/sampling_attempts", "eval/arith/reward", "eval/arith/pass@2")
+    for want, have in zip(expected, got, strict=True):
+        for key in compared:
+            if key in want:
+                assert have[key] == pytest.approx(want[key], abs=RESUME_TOLERANCE), \
+                    (want["rollout"], key)
+    a, b = _weights(straight), _weights(resumed)
+    assert max(float((a[n] - b[n]).abs().max()) for n in a) <= RESUME_TOLERANCE
+    assert resumed.sampler.state_dict() == straight.sampler.state_dict()

@@ -1,11 +1,12 @@
-"""runtime/'s imports flow one way (issue 20): no import circle, and each sub-package imports
-only the layers below it (runtime/README.md has the picture).
+"""The package's imports flow one way: no import circle anywhere in vime/ and runtime/, and
+each sub-package of runtime/ imports only the layers below it (runtime/README.md has the
+picture).
 
 Every import statement counts: at the top of a module, inside a function (the runtime imports
 Ray, torch, vLLM and its own heavier modules where it uses them), under TYPE_CHECKING. A
-deferred import still makes the two modules depend on each other, and a circle of them is what
-issue 20 found (actors -> spmd -> actors). Names looked up at run time are not followed: the
-backend registry's "module:Class" strings (runtime/backends/__init__.py) and the job's
+deferred import still makes the two modules depend on each other: in a circle, which of them
+loads first decides whether a name is there yet. Names looked up at run time are not followed:
+the backend registry's "module:Class" strings (runtime/backends/__init__.py) and the job's
 VIME_DRIVER. Read with `ast`, nothing is imported.
 """
 
@@ -14,17 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
-
-# The old module paths, kept importable for one release (each re-exports its new place).
-# They import the new modules and nothing imports them; they sit outside the layers.
-SHIMS = frozenset({
-    "runtime.actors", "runtime.algorithm", "runtime.checkpoint", "runtime.data",
-    "runtime.dp_engine", "runtime.driver", "runtime.interfaces", "runtime.job", "runtime.loop",
-    "runtime.metrics", "runtime.nucleus", "runtime.placement", "runtime.ray_bootstrap",
-    "runtime.rewards", "runtime.routing", "runtime.slices", "runtime.spmd", "runtime.supervisor",
-    "runtime.weight_sync", "runtime.weights",
-})
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("vime", "runtime")
 
 # bottom to top: who may import whom (a layer always may import itself)
 MAY_IMPORT = {
@@ -40,17 +32,21 @@ MAY_IMPORT = {
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(RUNTIME.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(RUNTIME.rglob("*.py"))}
+    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
 
 
 def imported(path: Path, name: str, known: dict[str, Path]) -> set[str]:
-    """The runtime modules that `name` (at `path`) imports, with the packages above them
-    (importing a module runs its packages' __init__ first)."""
+    """The package's modules that `name` (at `path`) imports, with the packages above them
+    (importing a module runs its packages' __init__ first). A package above `name` itself
+    counts only where it is named: it is already loading when `name` runs, so reaching it on
+    the way to a sibling adds nothing, while `from <package> import <name in its __init__>`
+    depends on the __init__ having run."""
+    ancestors = {".".join(name.split(".")[:end]) for end in range(1, name.count(".") + 1)}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -69,7 +65,8 @@ def imported(path: Path, name: str, known: dict[str, Path]) -> set[str]:
         parts = target.split(".")
         for end in range(1, len(parts) + 1):
             prefix = ".".join(parts[:end])
-            if prefix in known and prefix != "runtime" and prefix != name:
+            if prefix in known and prefix != name and (prefix == target or
+                                                      prefix not in ancestors):
                 out.add(prefix)
     return out
 
@@ -145,39 +142,45 @@ def layer(name: str) -> str:
                  if name == lay or name.startswith(lay + ".")), name)
 
 
-def test_no_import_circle_in_runtime():
-    edges = {n: {t for t in targets if t not in SHIMS} for n, targets in graph().items()
-             if n not in SHIMS}
-    found = cycles(edges)
-    assert not found, "import circles in runtime/:\n" + "\n".join(
+def test_no_import_circle_in_the_package():
+    found = cycles(graph())
+    assert not found, "import circles in vime/ and runtime/:\n" + "\n".join(
         "  " + " -> ".join(c) for c in found)
 
 
 def test_each_layer_imports_only_the_layers_below_it():
     wrong = []
     for name, targets in sorted(graph().items()):
-        if name in SHIMS or name == "runtime":
+        if not name.startswith("runtime.") or name == "runtime":
             continue
         lay = layer(name)
         if lay not in MAY_IMPORT:
             wrong.append(f"{name}: in no layer (runtime/README.md says where a module goes)")
             continue
         wrong += [f"{name} imports {t}" for t in sorted(targets)
-                  if t != "runtime" and layer(t) != lay and layer(t) not in MAY_IMPORT[lay]]
+                  if t.startswith("runtime.") and layer(t) != lay
+                  and layer(t) not in MAY_IMPORT[lay]]
     assert not wrong, "imports against the layers (runtime/README.md):\n  " + "\n  ".join(wrong)
-
-
-def test_the_old_paths_only_point_at_their_new_place():
-    """Nothing in runtime/ imports a shim, and each shim imports its new module only."""
-    edges = graph()
-    users = [f"{n} imports {t}" for n, targets in sorted(edges.items()) if n not in SHIMS
-             for t in sorted(targets & SHIMS)]
-    assert not users
-    for shim in sorted(SHIMS):
-        assert shim in edges, f"{shim}: listed as a shim, but there is no such module"
-        assert edges[shim] and not edges[shim] & SHIMS, shim
 
 
 def test_the_cycle_finder_names_a_circle():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert cycles(edges) == [["a", "b", "c", "a"]]
+
+
+def test_a_package_above_a_module_counts_only_where_it_is_named(tmp_path):
+    """`from vime.plan.groups import Layout` inside vime/plan/memory.py loads vime.plan on the
+    way, which is already loading; `from vime.plan import Plan` there needs vime/plan/__init__."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from pkg.a import A\n")
+    (package / "a.py").write_text("from pkg.b import B\nA = B\n")
+    (package / "b.py").write_text("B = 1\n")
+    known = {"pkg": package / "__init__.py", "pkg.a": package / "a.py",
+             "pkg.b": package / "b.py"}
+    edges = {name: imported(path, name, known) for name, path in known.items()}
+    assert edges == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": set()}
+    assert cycles(edges) == []
+    (package / "b.py").write_text("from pkg import A\nB = 1\n")
+    edges["pkg.b"] = imported(package / "b.py", "pkg.b", known)
+    assert cycles(edges) == [["pkg", "pkg.a", "pkg.b", "pkg"]]

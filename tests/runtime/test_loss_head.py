@@ -1,4 +1,4 @@
-"""runtime/core/loss_head.py (issue 18): the log-probs and entropy a chunk of tokens at a time,
+"""runtime/core/loss_head.py: the log-probs and entropy a chunk of tokens at a time,
 against the unchunked computation the backends did before (the whole logits hidden @ W.T / T,
 a log-softmax over the vocabulary, or the nucleus of runtime/core/nucleus.py with top-p): values
 and gradients of the hidden states and of the output weight, with and without top-p, entropy in
@@ -9,7 +9,7 @@ And its memory on the CPU, where torch's allocator reports no peak: the bytes of
 saved for the backward (saved_tensors_hooks), and the peak of live bytes the CPU allocator
 reports to torch's profiler over a forward and backward. The chunked head holds no
 [tokens, vocab] tensor: its peak does not grow with tokens × vocab (≤ 4 bytes per token per
-vocabulary entry is issue 18's bound; it measures ~0), and its chunk temporaries are within the
+vocabulary entry is the bound; it measures ~0), and its chunk temporaries are within the
 bytes per entry the planner charges (vime/plan/memory.py). The unchunked figures are shown for
 comparison (12 to 28 bytes per token per vocabulary entry).
 """
@@ -40,7 +40,7 @@ def _inputs(ties: bool, dtype=torch.float32, n=N, hidden=HIDDEN, vocab=VOCAB, se
 
 
 def unchunked(hidden, weight, targets, temperature=1.0, top_p=1.0, entropy_in_loss=True):
-    """The backends' computation before issue 18: (log-probs, entropy) from the whole logits
+    """The whole-logits computation: (log-probs, entropy) from the whole logits
     (in fp32, as Megatron's Float16Module gave them), the entropy without gradients and an eighth
     of the rows at a time when it was only a metric (torch_train.entropy_metric's blocks)."""
     x = (hidden @ weight.t()).float() / temperature
@@ -155,7 +155,7 @@ def test_default_chunks():
 @pytest.mark.parametrize("part", [151936, 151936 // 2, 151936 // 8, 32768, 152064 // 4])
 def test_backward_columns_are_aligned_and_within_the_forwards_chunk(tokens, part):
     """On an H200 the 4,089 unaligned columns of 16k tokens at Qwen3's vocabulary ran in slow
-    sm75 kernels (docs/gpu-runs.md, fourth lease): each chunk but the last is a multiple of
+    sm75 kernels (docs/gpu-runs.md, one H200, 2026-12-01): each chunk but the last is a multiple of
     COLUMN_ALIGN, and no chunk holds more logits than a chunk of the forward."""
     rows = loss_head.chunk_rows(part)
     columns = loss_head.chunk_columns(tokens, part, rows)
@@ -164,8 +164,8 @@ def test_backward_columns_are_aligned_and_within_the_forwards_chunk(tokens, part
     assert columns > rows * part // tokens - loss_head.COLUMN_ALIGN
 
 
-def test_the_16k_token_chunk_that_ran_slowly_is_aligned_now():
-    assert 441 * 151936 // 16384 == 4089  # what the step of 2026-12-01's fourth lease had
+def test_the_16k_token_chunk_at_qwen3s_vocabulary_is_aligned():
+    assert 441 * 151936 // 16384 == 4089  # the unaligned width that ran in sm75 kernels
     assert loss_head.chunk_columns(16384, 151936, 441) == 3968  # 31 × 128
 
 
@@ -262,7 +262,7 @@ def test_the_chunked_head_keeps_no_tokens_by_vocabulary_tensor(top_p, entropy_co
               f"entry, bf16, vocab {MEASURED_VOCAB}: saved for backward "
               f"{whole['saved_bytes']:.2f} unchunked / {chunked['saved_bytes']:.3f} chunked; "
               f"peak {whole['peak_bytes']:.2f} / {chunked['peak_bytes']:.3f}")
-    # issue 18's bound, with what it grows by per token: the hidden states (h entries) and a
+    # the bound, with what it grows by per token: the hidden states (h entries) and a
     # few numbers, ~(4h + 40) / V here
     bound = (4 * MEASURED_HIDDEN + 64) / MEASURED_VOCAB
     assert chunked["saved_bytes"] <= 4 and chunked["peak_bytes"] <= 4

@@ -1,7 +1,7 @@
 """A dense Qwen3 (no experts, tied embeddings, as Qwen3-4B) built through the Megatron
 backend's own path, runtime/megatron/model.py, on the CPU in one gloo process.
 
-Issue 16: the backend sets variable_seq_lengths (its micro-batches have their own lengths)
+The backend sets variable_seq_lengths (its micro-batches have their own lengths)
 and left the token dispatcher at megatron-core's default, allgather, for dense models, so
 TransformerConfig refused the config at init on the GPU ("Token dispatcher type: allgather
 does not support variable sequence length, please use alltoall dispatcher instead."),

@@ -1,5 +1,5 @@
 """megatron-core's pipeline schedule with vime's loss head and GRPO loss on the last stage
-(runtime/megatron/pipeline.py, issue 21), pp = 2 in two CPU processes over gloo, against the
+(runtime/megatron/pipeline.py), pp = 2 in two CPU processes over gloo, against the
 same weights at pp = 1 in one process (megatron-core's schedule without pipelining).
 
 Tiny Qwen3s built by the backend's path (runtime/megatron/model.py), fp32, one layer per stage

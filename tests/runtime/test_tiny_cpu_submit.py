@@ -34,7 +34,7 @@ def _submit(output, *sets):
 def test_tiny_cpu_learns_checkpoints_and_resumes(tmp_path):
     first, terminal = _submit(tmp_path)
     log = (first / "logs" / "node-0.log").read_text()
-    # what the person who ran it saw (issue 15): the job, a fresh start, a line per rollout
+    # what the person who runs it sees: the job, a fresh start, a line per rollout
     # with its progress, and a summary
     lines = terminal.splitlines()
     assert lines[0].startswith(f"vime: job {first.name}: tiny-cpu, 1 node × 1 GPU"), terminal

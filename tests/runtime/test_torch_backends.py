@@ -79,7 +79,7 @@ def test_sampling_is_seeded_per_request_and_log_probs_match_the_trainer(setup):
 
 
 def test_top_p_log_probs_are_the_engines_nucleus_renormalised(setup):
-    """Issue 14: with top_p < 1 the engine (as vLLM's processed log-probs) reports log-probs
+    """With top_p < 1 the engine (as vLLM's processed log-probs) reports log-probs
     of the renormalised nucleus it sampled from, and the actor computes the same ones."""
     config, requests, _params = setup
     params = SamplingParams(0.8, 0.7, 8, _params.stop_token_ids)

@@ -1,8 +1,8 @@
-"""A torch_dist checkpoint of one layer spec read by the other (runtime/megatron/torch_dist.py,
-issue 19 item 2), on the CPU over gloo with megatron-core's own dist-checkpointing.
+"""A torch_dist checkpoint of one layer spec read by the other (runtime/megatron/torch_dist.py),
+on the CPU over gloo with megatron-core's own dist-checkpointing.
 
 Transformer Engine does not build here, so its spec's sharded state dict is the local one's
-with the two differences an H200 showed (docs/gpu-runs.md, fourth lease): an MoE layer's
+with the two differences an H200 showed (docs/gpu-runs.md, 2026-12-01): an MoE layer's
 pre-MLP norm keyed `pre_mlp_layernorm.weight` where the local spec saves
 `mlp.linear_fc1.layer_norm_weight`, and `_extra_state` objects the local checkpoint lacks.
 """

@@ -1,4 +1,4 @@
-"""The Megatron backend's choice of layer spec (train.transformer_impl, issue 19 item 2) and
+"""The Megatron backend's choice of layer spec (train.transformer_impl) and
 what makes the Transformer Engine spec's parameters look like the local spec's.
 
 The TE spec itself needs CUDA and transformer_engine, so it is checked on the GPU

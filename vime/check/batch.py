@@ -119,3 +119,53 @@ def kl_needs_reference(spec: Spec):
                       "checkpoint (model.torch_dist_checkpoint) is set",
                       help="set model.torch_dist_checkpoint, or kl_loss_coef = 0",
                       related=("model.torch_dist_checkpoint",))
+
+
+@rule("V426", "overlong-buffer-fits-response", enforced_by="vime")
+def overlong_buffer_fits_response(spec: Spec):
+    """The soft overlong penalty's buffer is longer than the response itself.
+
+    With rollout.overlong = "penalty" a response loses reward once it is longer than
+    max_response_len − overlong_buffer_len tokens (DAPO's soft overlong punishment); a
+    buffer of max_response_len or more would penalise every response, however short.
+    Fix: overlong_buffer_len below max_response_len (DAPO: 4096 of 20480), or leave it out
+    (vime derives max_response_len ÷ 5)."""
+    roll = spec.rollout
+    if roll.overlong == "penalty" and roll.overlong_buffer_len >= roll.max_response_len:
+        yield Finding("rollout.overlong_buffer_len",
+                      f"overlong_buffer_len {roll.overlong_buffer_len} is not below "
+                      f"max_response_len {roll.max_response_len}: every response is penalised",
+                      help=f"overlong_buffer_len = {max(roll.max_response_len // 5, 1)}",
+                      related=("rollout.max_response_len", "rollout.overlong"))
+
+
+@rule("V427", "sampling-filter-needs-dynamic-sampling", enforced_by="vime")
+def sampling_filter_needs_dynamic_sampling(spec: Spec):
+    """A dynamic-sampling filter is set but dynamic sampling is off.
+
+    rollout.dynamic_sampling_filter is called on the groups dynamic sampling keeps; with
+    rollout.dynamic_sampling = false no group is filtered and the function is never called.
+    Fix: rollout.dynamic_sampling = true, or remove dynamic_sampling_filter."""
+    roll = spec.rollout
+    if roll.dynamic_sampling_filter and not roll.dynamic_sampling:
+        yield Finding("rollout.dynamic_sampling_filter",
+                      f"dynamic_sampling_filter = {roll.dynamic_sampling_filter!r} is never "
+                      "called: rollout.dynamic_sampling is false",
+                      help="rollout.dynamic_sampling = true",
+                      related=("rollout.dynamic_sampling",))
+
+
+@rule("V428", "dynamic-sampling-needs-groups", enforced_by="vime")
+def dynamic_sampling_needs_groups(spec: Spec):
+    """Dynamic sampling with one sample per prompt drops every group.
+
+    Dynamic sampling keeps the groups whose rewards differ; a group of one sample never
+    has two rewards to differ, so every attempt is filtered and every rollout trains on
+    filler groups of advantage 0 after dynamic_sampling_max_attempts generations.
+    Fix: n_samples_per_prompt ≥ 2, or dynamic_sampling = false."""
+    roll = spec.rollout
+    if roll.dynamic_sampling and roll.n_samples_per_prompt == 1:
+        yield Finding("rollout.dynamic_sampling",
+                      "dynamic sampling with n_samples_per_prompt = 1 filters every group",
+                      help="n_samples_per_prompt ≥ 2, or dynamic_sampling = false",
+                      related=("rollout.n_samples_per_prompt",))

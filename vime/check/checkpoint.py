@@ -125,7 +125,7 @@ def resume_checkpoint_fits_model(spec: Spec):
     config.json, or the preset) that resume loads tensors of the old shapes into the new
     model: the torch backend fails in load_state_dict with one `size mismatch for ...` line
     per tensor (`RayTaskError(RuntimeError): ray::TrainWorker.load()`, 40 s after the
-    submit, issue 15), the Megatron backend in dist-checkpointing; a checkpoint of the other
+    submit), the Megatron backend in dist-checkpointing; a checkpoint of the other
     training backend is missing the files this one reads (train/model_optim.pt for torch,
     train/torch_dist/ for megatron). Every checkpoint vime writes holds a
     vime_checkpoint.json with the values that decide its tensors (the model type, layers,

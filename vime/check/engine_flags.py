@@ -19,8 +19,27 @@ from dataclasses import dataclass
 
 from vime import flags
 from vime.check.registry import Finding, rule
-from vime.check.rollout import VIME_VLLM_FLAGS
 from vime.resolve.spec import Spec
+
+# Flags vime derives from the plan (vime/emit/vllm.py); setting them again in extra_args would
+# contradict it. Each maps to the spec key(s) it comes from, or None where none does.
+VIME_VLLM_FLAGS: dict[str, str | None] = {
+    "--model": "model.hf_checkpoint",
+    "--tensor-parallel-size": "inference.gpus_per_engine and data_parallel_size",
+    "-tp": "inference.gpus_per_engine and data_parallel_size",
+    "--data-parallel-size": "inference.data_parallel_size",
+    "-dp": "inference.data_parallel_size",
+    "--enable-expert-parallel": "inference.expert_parallel",
+    "-ep": "inference.expert_parallel",
+    "--enable-eplb": "inference.eplb.enabled", "--eplb-config": "[inference.eplb]",
+    "--gpu-memory-utilization": "inference.gpu_memory_utilization",
+    "--max-model-len": "rollout.max_prompt_len and max_response_len",
+    "--cudagraph-capture-sizes": "inference.cudagraph_capture_sizes",
+    "--moe-backend": "inference.moe_backend",
+    "--enable-sleep-mode": "train.colocate",
+    "--enable-return-routed-experts": "train.routing_replay",
+    "--pipeline-parallel-size": None, "-pp": None,
+}
 
 # The flags users of slime (SGLang's engine) and of SGLang itself write, with vLLM's own;
 # difflib finds none of these (--enable-ep-moe is closest to --enable-eplb by spelling).

@@ -13,7 +13,7 @@ from vime.resolve.spec import Spec
 def divisors(n: int) -> list[int]:
     """The divisors of n in increasing order, in O(√n): n is at most a schema maximum
     (2**24 for model sizes), so a suggestion never walks a range as long as the value
-    (issue 17: `cp = 10**12` used to hang `vime plan`)."""
+    (`cp = 10**12` answers at once: tests/test_properties.py)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
 
@@ -46,8 +46,8 @@ def _tp_fits_model(spec: Spec, tp: int) -> bool:
 
 
 def tp_fix(spec: Spec) -> int | None:
-    """The one tp that clears V201, V203 and V204 together (issue 16: tp = 3 got three
-    different suggestions, one of which fixed neither of the others): it divides the heads,
+    """The one tp that clears V201, V203 and V204 together (tests/test_consistent_fixes.py:
+    tp = 3 gets one suggestion, not one per rule): it divides the heads,
     is a multiple or divisor of the KV heads, and whole replicas of tp × cp × pp fill the
     actor's GPUs. The closest to the written tp; on a tie the larger (more memory room)."""
     par = spec.train.parallel
@@ -61,7 +61,7 @@ def tp_fix(spec: Spec) -> int | None:
 
 def _megatron_pp_fix(spec: Spec, fits) -> str | None:
     """pp = 1 where vime's Megatron backend runs (it has no pipeline schedule, V905) and
-    pp = 1 clears the rule: a fix that leaves pp > 1 would meet V905 next (issue 16)."""
+    pp = 1 clears the rule: a fix that leaves pp > 1 would meet V905 next."""
     if spec.train.backend == "megatron" and spec.train.parallel.pp > 1 and fits(1):
         return "pp = 1 (vime's Megatron backend runs no pipeline parallelism, V905)"
     return None

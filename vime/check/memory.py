@@ -57,7 +57,7 @@ def train_memory_fits(spec: Spec):
     engine when colocated.
     MoE layers: with etp > 1 each rank processes the routed rows of its whole etp group (at
     ffn ÷ etp); with ep > 1 the busiest rank gets more routed rows than the mean, and the
-    "uneven routing" line charges train.routing_imbalance (default 1.8, the most issue 18
+    "uneven routing" line charges train.routing_imbalance (default 1.8, the most
     measured at ep 2 with random routing: 1.5-1.8× the mean) times the mean rows' activations.
     Lower it for a router trained with load balancing, raise it for a skewed one; it is capped
     at min(ep, experts ÷ top-k). The grouped experts (the default where torch's grouped GEMM
@@ -102,16 +102,21 @@ def kv_cache_fits(spec: Spec):
     "ValueError: To serve at least one request with the model's max seq len (L), (X GiB KV
     cache is needed, which is larger than the available KV cache memory (Y GiB)" or "No
     available memory for the cache blocks. Try increasing gpu_memory_utilization".
+    max_model_len is max_prompt_len plus the longest max_response_len of the rollout and of
+    the evaluation datasets, so one evaluation sequence must fit too.
     Fix: a higher gpu_memory_utilization, engines of more GPUs (weights split further), or
-    shorter max_prompt_len + max_response_len."""
+    shorter max_prompt_len + max_response_len (the rollout's or the evaluation's)."""
     plan = memory_plan(spec)
     if plan is None:
         return
     roll = plan.rollout
     if roll.kv_tokens < roll.max_len:
+        longest = ("rollout.max_response_len"
+                   if spec.rollout.max_prompt_len + spec.rollout.max_response_len == roll.max_len
+                   else "an eval dataset's max_response_len")
         yield Finding("inference.gpu_memory_utilization",
                       f"the KV cache has room for {roll.kv_tokens} tokens per GPU, less than one "
-                      f"sequence of max_prompt_len + max_response_len = {roll.max_len} "
+                      f"sequence of max_prompt_len + {longest} = {roll.max_len} "
                       f"({_gib(roll.kv_bytes_per_token * roll.max_len)} needed)",
                       help="raise gpu_memory_utilization, or gpus_per_engine, or shorten the "
                       "sequences", related=("inference.gpus_per_engine", "rollout.max_response_len"))
@@ -165,3 +170,44 @@ def host_memory_fits(spec: Spec):
         yield Finding("cluster.host_memory_gib", f"each node needs {_gib(need)} of {_gib(have)} "
                       "host memory: under 10% headroom", severity="warning",
                       help="leave room for the page cache and data loading")
+
+
+@rule("V810", "resident-fits", enforced_by="megatron", needs_arch=True)
+def resident_fits(spec: Spec):
+    """train.offload = "never" keeps the actor and the awake engine on a GPU together, and they
+    do not fit.
+
+    Resident, the actor holds its weights, gradients, optimizer state and a step's activations
+    (the train phase of `vime plan`, without the sleeping engine) while the engine holds all
+    of gpu_memory_utilization × the GPU's memory and its CUDA context. vLLM refuses to start
+    when the GPU has less free ("ValueError: Free memory on device ... on startup is less than
+    desired GPU memory utilization"), or the actor's first step meets "torch.OutOfMemoryError:
+    CUDA out of memory" with the engine's KV cache beside it.
+    Fix: train.offload = "auto" (they take turns when they do not fit), or a lower
+    gpu_memory_utilization (the help gives the largest that fits)."""
+    from vime.plan.colocation import largest_resident_utilization, plan_colocation
+
+    memory = memory_plan(spec)
+    found = plan_colocation(spec, memory)
+    if found is None or found.setting != "never" or found.fits is not False:
+        return
+    best = largest_resident_utilization(spec, memory)
+    fix = (f"gpu_memory_utilization = {best}, or " if best > 0 else "") + 'train.offload = "auto"'
+    yield Finding("train.offload",
+                  f"the actor and the engine do not fit on {a(spec.cluster.gpu)} together: "
+                  f"{found.sums(spec.inference.gpu_memory_utilization)}",
+                  help=fix, related=("inference.gpu_memory_utilization",))
+
+
+@rule("V811", "offload-without-colocation", severity="warning")
+def offload_without_colocation(spec: Spec):
+    """train.offload is set on a spec that does not colocate: it has no effect.
+
+    train.offload says whether a colocated actor and its engines take turns on their shared
+    GPUs (offload and sleep) or stay resident. With train.colocate = false the actor and the
+    engines have GPUs of their own and never move.
+    Fix: remove train.offload, or set train.colocate = true."""
+    if not spec.train.colocate and spec.train.offload != "auto":
+        yield Finding("train.offload", f"train.offload = {spec.train.offload!r} has no effect "
+                      "with train.colocate = false", help="remove train.offload",
+                      related=("train.colocate",))

@@ -1,11 +1,13 @@
-"""V102-V103: the model's architecture, against what the runtime can run and against the
-checkpoint's own config.json."""
+"""V102-V103, V119: the model's architecture, against what the runtime can run, against the
+checkpoint's own config.json, and its FP8 blocks against the engine's tensor parallelism."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from vime.check.registry import Finding, rule
+from vime.resolve.model import Arch
 from vime.resolve.spec import Spec
 from vime.support import SUPPORTED, Unsupported, unsupported
 
@@ -48,6 +50,18 @@ def runtime_runs_the_model(spec: Spec):
     Supported: Qwen3 dense (model_type "qwen3", Qwen3ForCausalLM) and Qwen3-MoE
     ("qwen3_moe", Qwen3MoeForCausalLM), with tied or untied embeddings and MoE layers placed
     by decoder_sparse_step and mlp_only_layers. The support matrix is vime/support.py.
+    Planned, and built and checked on the CPU, not yet run: the DeepSeek-V3 family
+    ("deepseek_v3", "kimi_k2": Moonlight, DeepSeek-V3/R1, Kimi-K2) and the GLM-4.5 family
+    ("glm4_moe": GLM-4.5, 4.6, 4.7 and Air). vime reads their config.json in full (routed
+    and shared experts, dense first layers, MLA), so the plan's parameters, memory and EP
+    layout are theirs; the Megatron backend builds MLA, shared experts, sigmoid routing with
+    the expert bias, group-limited routing, QKV bias and partial rotary, and its weights and
+    log-probabilities match transformers' on the CPU, but no RL run has been made with them
+    on a GPU. The message names that, and what is left: YaRN rope scaling, MLA without a
+    query latent (q_lora_rank null) on the local layer spec, group scores that megatron-core
+    sums over top_k ÷ topk_group experts where transformers and vLLM take 2, sigmoid weights
+    not renormalised. Their MTP layers (num_nextn_predict_layers) are neither counted nor
+    trained.
     `vime plan` still shows the layout of such a spec, marked as planning only, so its
     GPUs and memory can be studied; `vime compile` and `vime submit` refuse it.
     Fix: a Qwen3 or Qwen3-MoE checkpoint, or remove the [model.arch] key named."""
@@ -110,3 +124,142 @@ def arch_agrees_with_config_json(spec: Spec):
                           "vLLM serve config.json's",
                           help=f"remove {key} from [model.arch] (config.json says {value!r})",
                           related=("model.hf_checkpoint",))
+
+
+@dataclass(frozen=True)
+class BlockSplit:
+    """One weight of an engine GPU whose tensor-parallel share is not whole FP8 blocks."""
+
+    weight: str
+    width: int  # the split dimension on one GPU
+    block: int
+    side: str  # "block_n" (output rows) or "block_k" (input columns)
+    every_version: bool  # False: vLLM 0.26 refuses it, later releases pad the shard
+
+
+def fp8_block_size(config: dict | None) -> tuple[int, int] | None:
+    """[block_n, block_k] of a block-FP8 checkpoint's quantization_config, else None."""
+    quant = (config or {}).get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        return None
+    block = quant.get("weight_block_size")
+    if (isinstance(block, list) and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        return block[0], block[1]
+    return None
+
+
+def fp8_ignored_layers(config: dict | None) -> tuple[str, ...]:
+    """The modules a block-FP8 checkpoint keeps unquantized (vLLM's Fp8Config reads
+    ignored_layers, or modules_to_not_convert)."""
+    quant = (config or {}).get("quantization_config") or {}
+    names = quant.get("ignored_layers") or quant.get("modules_to_not_convert") or []
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
+def _quantized(module: str, layers: list[int], ignored: tuple[str, ...]) -> bool:
+    """Whether any of the layers' `module` is FP8: an ignored name covers the module itself
+    or a module above it (model.layers.0.mlp covers model.layers.0.mlp.down_proj)."""
+    for i in layers:
+        name = f"model.layers.{i}.{module}"
+        if not any(name == n or name.startswith(n + ".") for n in ignored):
+            return True
+    return False
+
+
+def block_splits(arch: Arch, tp: int, expert_parallel: bool, block: tuple[int, int],
+                 ignored: tuple[str, ...] = ()) -> list[BlockSplit]:
+    """The weights whose share on one of vLLM's TP ranks does not split into whole blocks.
+
+    Column-parallel weights split their output rows (block_n), row-parallel ones their input
+    columns (block_k): vllm/model_executor/layers/quantization/utils/fp8_utils.py
+    `validate_fp8_block_shape` and `validate_fp8_block_shape_moe`."""
+    if tp <= 1:
+        return []
+    block_n, block_k = block
+    heads = arch.num_attention_heads
+    found: list[BlockSplit] = []
+    every_layer = list(range(arch.num_layers))
+    layers_of = {"mlp.down_proj": [i for i, moe in enumerate(arch.moe_layers) if not moe],
+                 "mlp.shared_experts.down_proj": [i for i, m in enumerate(arch.moe_layers) if m],
+                 "mlp.experts": [i for i, moe in enumerate(arch.moe_layers) if moe]}
+
+    def check(weight: str, width: int, every_version: bool, sides=("block_n", "block_k")):
+        if not _quantized(f"self_attn.{weight}" if "proj" in weight and "mlp" not in weight
+                          else weight, layers_of.get(weight, every_layer), ignored):
+            return
+        for side in sides:
+            size = block_n if side == "block_n" else block_k
+            if width % tp == 0 and (width // tp) % size:
+                found.append(BlockSplit(weight, width // tp, size, side, every_version))
+                return
+
+    if arch.is_mla:
+        qk_head = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+        check("q_b_proj" if arch.q_lora_rank else "q_proj", heads * qk_head, True, ("block_n",))
+        check("kv_b_proj", heads * (arch.qk_nope_head_dim + arch.v_head_dim), True, ("block_n",))
+        check("o_proj", heads * arch.v_head_dim, True, ("block_k",))
+    else:
+        check("o_proj", heads * arch.head_dim, True, ("block_k",))
+    if arch.num_layers > arch.num_moe_layers:
+        check("mlp.down_proj", arch.ffn_hidden_size, True, ("block_k",))
+    if arch.is_moe and arch.shared_expert_ffn_hidden_size:
+        check("mlp.shared_experts.down_proj", arch.shared_expert_ffn_hidden_size, True,
+              ("block_k",))
+    if arch.is_moe and not expert_parallel:
+        check("mlp.experts", arch.moe_ffn_hidden_size, False)
+    return found
+
+
+@rule("V119", "fp8-blocks-split-over-engine-tp", enforced_by="vllm", needs_arch=True)
+def fp8_blocks_split_over_engine_tp(spec: Spec):
+    """A block-FP8 checkpoint's weights do not split into whole blocks over vLLM's TP ranks.
+
+    A checkpoint whose config.json has quantization_config.quant_method = "fp8" with a
+    weight_block_size [block_n, block_k] (DeepSeek-V3, Kimi-K2, the -FP8 releases of
+    GLM-4.5 and Qwen3) stores one scale per block. vLLM splits each weight over the engine's
+    TP ranks; a share that is not a whole number of blocks cannot keep its scales, and the
+    engine stops at model load, after the queue wait:
+    "ValueError: Weight input_size_per_partition = 176 is not divisible by weight
+    quantization block_k = 128." (row-parallel weights: o_proj, down_proj of the dense and
+    shared-expert MLPs; every vLLM release vime supports), and for routed experts without
+    expert parallelism "ValueError: The output_size of gate's and up's weight = 96 is not
+    divisible by weight quantization block_n = 128." (vLLM 0.26; later releases pad the
+    experts' shard, so that case is a warning). Expert parallelism keeps each routed expert
+    whole on one GPU. Modules the checkpoint lists in quantization_config.ignored_layers
+    stay in bf16 and are not checked.
+    Fix: a smaller TP per engine (inference.data_parallel_size splits the engine's GPUs into
+    DP ranks; or fewer gpus_per_engine), or inference.expert_parallel = true for the
+    routed experts."""
+    block = fp8_block_size(spec.model_config.values if spec.model_config else None)
+    if block is None:
+        return
+    inf, tp = spec.inference, spec.derived.vllm_tp
+    ignored = fp8_ignored_layers(spec.model_config.values)
+    found = block_splits(spec.arch, tp, inf.expert_parallel, block, ignored)
+    if not found:
+        return
+    def layout_that_fits(whole_experts_too: bool) -> str | None:
+        for smaller in range(tp - 1, 0, -1):
+            splits = block_splits(spec.arch, smaller, inf.expert_parallel, block, ignored)
+            if inf.gpus_per_engine % smaller == 0 and not any(
+                    whole_experts_too or s.every_version for s in splits):
+                dp = inf.gpus_per_engine // smaller
+                return f"inference.data_parallel_size = {dp} (TP {smaller} × DP {dp})"
+        return None
+
+    where = spec.model_config.origin.describe()
+    for split in found:
+        text = (f"{split.weight}: {split.width} per GPU under vLLM's TP = {tp} is not a "
+                f"multiple of the checkpoint's FP8 {split.side} = {split.block} "
+                f"(weight_block_size {list(block)}, {where})")
+        if split.every_version:
+            yield Finding("inference.gpus_per_engine", text, help=layout_that_fits(False),
+                          related=("inference.data_parallel_size", "model.hf_checkpoint"))
+        else:
+            other = layout_that_fits(True)
+            yield Finding("inference.expert_parallel",
+                          text + "; vLLM 0.26 refuses it at model load",
+                          help="inference.expert_parallel = true" + (f", or {other}" if other else ""),
+                          related=("inference.gpus_per_engine", "model.hf_checkpoint"),
+                          severity="warning")

@@ -20,7 +20,7 @@ from vime.rewards import BUILTIN_REWARDS
 def reward_is_builtin_or_module(spec: Spec):
     """rollout.reward must be a built-in reward name or "module.path:function".
 
-    The driver looks the reward up when it starts (runtime/rewards.py), after the queue
+    The driver looks the reward up when it starts (runtime/rl/rewards.py), after the queue
     wait and after Ray, the actor and the engines are up: a misspelt name fails there with
     "rollout.reward = 'deepscalr' is neither a built-in reward (dapo, deepscaler, math) nor
     'module.path:function'". The built-in names are deepscaler (the last \\boxed{} after the

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from vime import flags
+from vime.check.engine_flags import VIME_VLLM_FLAGS, parse
 from vime.check.layout import divisors
 from vime.check.registry import Finding, rule
 from vime.plan.placement import engine_gpus
@@ -40,7 +42,7 @@ def engine_on_whole_nodes(spec: Spec):
     gpn = spec.cluster.gpus_per_node
     # engine e starts at GPU (start + e × gpus_per_engine) % gpn of its node, a position that
     # repeats within gpn engines: if any engine straddles nodes, one of the first gpn does (a
-    # plan of 262,144 one-GPU engines checks 64, not all of them; issue 17)
+    # plan of 262,144 one-GPU engines checks 64, not all of them)
     for index, gpus in enumerate(engine_gpus(spec, count=gpn)):
         nodes = sorted({node for node, _ in gpus})
         if len(nodes) > 1 and not (gpus[0][1] == 0 and len(gpus) % gpn == 0):
@@ -110,49 +112,31 @@ def vllm_tp_vs_kv_heads(spec: Spec):
 def context_fits_model(spec: Spec):
     """Prompt plus response must fit the model's context length.
 
-    vime gives vLLM max_model_len = max_prompt_len + max_response_len. vLLM raises
+    vime gives vLLM max_model_len = max_prompt_len + the longest max_response_len of the
+    rollout and of the evaluation datasets ([[eval.datasets]]). vLLM raises
     "ValueError: User-specified max_model_len (X) is greater than the derived
     max_model_len (max_position_embeddings=Y ...)" at engine start unless
     VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
-    Fix: shorter max_prompt_len or max_response_len, or a model with a longer context."""
+    Fix: shorter max_prompt_len or max_response_len (the rollout's or the evaluation's), or
+    a model with a longer context."""
     roll, limit = spec.rollout, spec.arch.max_position_embeddings
-    total = roll.max_prompt_len + roll.max_response_len
-    if total > limit:
-        yield Finding("rollout.max_response_len",
-                      f"max_prompt_len + max_response_len = {roll.max_prompt_len} + "
-                      f"{roll.max_response_len} = {total} exceeds the model's "
-                      f"max_position_embeddings {limit}",
-                      help=f"max_response_len = {max(limit - roll.max_prompt_len, 1)}",
-                      related=("rollout.max_prompt_len",))
-
-
-# Flags vime derives from the plan (vime/emit/vllm.py); setting them again in extra_args would
-# contradict it. Each maps to the spec key(s) it comes from, or None where none does.
-VIME_VLLM_FLAGS: dict[str, str | None] = {
-    "--model": "model.hf_checkpoint",
-    "--tensor-parallel-size": "inference.gpus_per_engine and data_parallel_size",
-    "-tp": "inference.gpus_per_engine and data_parallel_size",
-    "--data-parallel-size": "inference.data_parallel_size",
-    "-dp": "inference.data_parallel_size",
-    "--enable-expert-parallel": "inference.expert_parallel",
-    "-ep": "inference.expert_parallel",
-    "--enable-eplb": "inference.eplb.enabled", "--eplb-config": "[inference.eplb]",
-    "--gpu-memory-utilization": "inference.gpu_memory_utilization",
-    "--max-model-len": "rollout.max_prompt_len and max_response_len",
-    "--cudagraph-capture-sizes": "inference.cudagraph_capture_sizes",
-    "--moe-backend": "inference.moe_backend",
-    "--enable-sleep-mode": "train.colocate",
-    "--enable-return-routed-experts": "train.routing_replay",
-    "--pipeline-parallel-size": None, "-pp": None,
-}
+    lengths = [("rollout.max_response_len", roll.max_response_len)] + [
+        (f"eval.datasets[{i}].max_response_len", d.max_response_len)
+        for i, d in enumerate(spec.eval.datasets)]
+    for key, response in lengths:
+        total = roll.max_prompt_len + response
+        if total > limit:
+            yield Finding(key,
+                          f"max_prompt_len + {key.split('.', 1)[0]} max_response_len = "
+                          f"{roll.max_prompt_len} + {response} = {total} exceeds the model's "
+                          f"max_position_embeddings {limit}",
+                          help=f"max_response_len = {max(limit - roll.max_prompt_len, 1)}",
+                          related=("rollout.max_prompt_len",))
 
 
 def _vime_flag_of(arg: str) -> str | None:
     """The flag of VIME_VLLM_FLAGS that arg sets under another spelling (--tensor_parallel_size,
     --no-enable-sleep-mode, an abbreviation), by vLLM's flag catalog; None if none."""
-    from vime import flags
-    from vime.check.engine_flags import parse
-
     dest = parse((arg,))[0].dest
     if dest is None:
         return None
@@ -195,8 +179,6 @@ def routing_replay_keeps_prefix_cache(spec: Spec):
     inference.extra_args, or routing_replay = false."""
     if not spec.train.routing_replay:
         return
-    from vime.check.engine_flags import parse
-
     for p in parse(spec.inference.extra_args):
         if p.dest == "enable_prefix_caching" and p.is_false:
             yield Finding(f"inference.extra_args[{p.index}]",
@@ -234,3 +216,35 @@ def vllm_tp_divides_expert_ffn(spec: Spec):
                           f"expert FFN size {arch.moe_ffn_hidden_size} does not split over TP × DP "
                           f"= {ways} GPUs", help="expert_parallel = true",
                           related=("inference.gpus_per_engine",))
+
+
+@rule("V523", "eval-interval-without-datasets", severity="warning", enforced_by="vime")
+def eval_interval_without_datasets(spec: Spec):
+    """An evaluation interval with no dataset to evaluate.
+
+    eval.interval (upstream's --eval-interval) says when to evaluate; the datasets are the
+    [[eval.datasets]] tables (--eval-prompt-data NAME PATH). Without one, nothing is
+    evaluated and no eval/ metric appears.
+    Fix: add an [[eval.datasets]] table with name and prompt_data, or remove eval.interval."""
+    if spec.eval.interval is not None and not spec.eval.datasets:
+        yield Finding("eval.interval",
+                      f"eval.interval = {spec.eval.interval} but no [[eval.datasets]] table",
+                      help='add [[eval.datasets]] with name = "..." and prompt_data = "...", '
+                      "or remove eval.interval")
+
+
+@rule("V524", "eval-names-differ", enforced_by="vime")
+def eval_names_differ(spec: Spec):
+    """Two evaluation datasets share a name.
+
+    Each dataset's metrics are logged as eval/<name>/...; two datasets of one name would
+    write the same metrics and one would hide the other.
+    Fix: a different name for each [[eval.datasets]] table."""
+    seen: dict[str, int] = {}
+    for index, dataset in enumerate(spec.eval.datasets):
+        if dataset.name in seen:
+            yield Finding(f"eval.datasets[{index}].name",
+                          f"eval dataset name {dataset.name!r} is also dataset {seen[dataset.name]}'s",
+                          help=f'name = "{dataset.name}-{index}"',
+                          related=(f"eval.datasets[{seen[dataset.name]}].name",))
+        seen.setdefault(dataset.name, index)

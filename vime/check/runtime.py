@@ -83,7 +83,7 @@ def tis_clip_order(spec: Spec):
     """Truncated importance sampling needs tis_clip_low below tis_clip.
 
     Each token's TIS weight pi_train / pi_rollout is truncated to [tis_clip_low, tis_clip]
-    (runtime/algorithm.py); an empty interval would give every token the same constant
+    (runtime/core/algorithm.py); an empty interval would give every token the same constant
     weight, silently turning the correction off.
     Fix: tis_clip_low < tis_clip (slime's defaults are 0 and 2)."""
     algo = spec.algorithm

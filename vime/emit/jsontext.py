@@ -1,6 +1,7 @@
 """`json.dumps(obj, indent=2, ensure_ascii=False)`, byte for byte, fast enough for the plan of
 the largest cluster the schema admits (262,144 ranks and engines, 200 MB of JSON: the standard
-library's indented encoder is pure Python and one call per value, 6.8 s there; issue 17).
+library's indented encoder is pure Python and one call per value, 6.8 s there:
+benchmarks/plan_startup.py).
 
 Two things make it fast. A list of values of one kind (all ints, all strings, all objects with
 the same keys, all lists of one length) is encoded as a whole, with map and join doing the

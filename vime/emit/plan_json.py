@@ -94,7 +94,30 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
         "num_rollout": spec.rollout.num_rollout,
     }
     out["memory"] = _memory(plan)
+    out["colocation"] = _colocation(plan)
+    out["forecast"] = _forecast(plan)
     return out
+
+
+def _forecast(plan: Plan) -> dict | None:
+    found = plan.forecast
+    if found is None:
+        return None
+    return {"mode": found.mode, "total_s": round(found.total, 2),
+            "phases": [{"name": line.name, "seconds": round(line.seconds, 3), "note": line.note,
+                        "basis": {"kind": line.basis.kind, "evidence": line.basis.evidence,
+                                  "sources": list(line.basis.sources)}}
+                       for line in found.lines]}
+
+
+def _colocation(plan: Plan) -> dict | None:
+    found = plan.colocation
+    if found is None:
+        return None
+    return {"mode": found.mode, "offload": found.setting, "why": found.why,
+            "actor_gib": None if found.actor_bytes is None else _gib(found.actor_bytes),
+            "engine_gib": None if found.engine_bytes is None else _gib(found.engine_bytes),
+            "fits": found.fits}
 
 
 def _node_lists(firsts: list[int], lasts: list[int]):

@@ -60,7 +60,7 @@ def sbatch_options(plan: Plan) -> dict[str, str | None]:
     # every byte of the node: the plan's host estimate (memory_comment) leaves out Ray's
     # object store, the page cache and the OS, and a cgroup limit below what the job touches
     # gets it killed; a node without memory configured has RealMemory=1 MB, which --mem=<n>G
-    # would exceed (issue 15). cluster.slurm.extra_args = ["--mem=..."] comes later and wins.
+    # would exceed (slurm.conf's RealMemory default). cluster.slurm.extra_args = ["--mem=..."] comes later and wins.
     options["mem"] = "0"
     if slurm.exclusive:
         options["exclusive"] = None

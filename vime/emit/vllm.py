@@ -17,10 +17,10 @@ def vllm_args(plan: Plan) -> list[list[str]]:
         ["--data-parallel-size", str(engine.dp)],
         ["--dtype", "bfloat16"],
         ["--gpu-memory-utilization", repr(inf.gpu_memory_utilization)],
-        ["--max-model-len", str(spec.rollout.max_prompt_len + spec.rollout.max_response_len)],
+        ["--max-model-len", str(spec.max_model_len)],
         ["--seed", str(spec.experiment.seed)],
         # the sampled token's log-prob after temperature and top-p (the nucleus renormalised,
-        # vllm/config/model.py), as the actor computes it (runtime/nucleus.py, issue 14)
+        # vllm/config/model.py), as the actor computes it (runtime/core/nucleus.py)
         ["--logprobs-mode", "processed_logprobs"],
     ]
     if len(engine.nodes) > 1:

@@ -2,7 +2,7 @@
 
 `vime submit` writes `<experiment folder>/<job id>/` while the job is held, and submits from
 the experiment folder (`sbatch --chdir`): there is nothing to do. A job.sbatch submitted as
-it is (`sbatch build/<name>/job.sbatch`, issue 15: the build folder's script is the one that
+it is (`sbatch build/<name>/job.sbatch`: the build folder's script is the one that
 runs) finds its build folder through Slurm (the script's path), compiles the build folder's
 resolved.toml as `vime submit` compiles a spec, reading relative paths from the spec's folder
 and the folder sbatch ran in, and writes the job folder as `vime submit` does: the same files

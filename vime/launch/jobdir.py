@@ -1,7 +1,7 @@
 """The job folder, `<experiment.output_dir>/<experiment.name>/<job id>/`:
 
     job.json        who, what, when: job id, launcher, spec and its sha256, vime version
-    launch.json     what the nodes read (runtime/job.py): nodes, GPUs, Ray settings,
+    launch.json     what the nodes read (runtime/node/job.py): nodes, GPUs, Ray settings,
                     [cluster.env], the port-plan inputs and the driver
     resolved.toml plan.json megatron.args vllm.args job.sbatch   the compiled artifacts
     submitit/       submitit's pickles (Slurm jobs)
@@ -19,6 +19,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+# launch.json's "driver" where VIME_DRIVER is unset: the `module:function` node 0 runs
+DEFAULT_DRIVER = "runtime.node.driver:run"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ cluster someone started by hand. Both block until the job ends; the nodes write 
 folder's logs, as on Slurm, and the launcher shows the run's progress on the terminal
 (vime/launch/progress.py).
 
-The job's processes never outlive the launcher (issue 15):
+The job's processes never outlive the launcher (tests/launch/test_interrupt.py):
 
 - Ctrl-C (SIGINT), SIGHUP (the terminal closed) and SIGTERM stop the job: SIGINT to every
   node, which stops its actors and its own Ray; after STOP_GRACE_S whatever is left is killed (the node
@@ -237,7 +237,7 @@ def run_attached(job_dir: Path, address: str, env: dict[str, str], on_poll=lambd
 
 def unreachable(address: str, timeout_s: float = 5.0) -> str | None:
     """None when something listens at --ray-address's host:port, else why not. ray.init()
-    retries an address nobody answers for minutes (issue 15: 619 s, then interrupted)."""
+    retries an address nobody answers for minutes (more than 600 s)."""
     import socket
 
     if address == "auto" or address.startswith("ray://"):

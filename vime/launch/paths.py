@@ -6,10 +6,11 @@ Slurm in the experiment folder on another node, with another working folder. So 
 submit` writes its job folder's resolved.toml, megatron.args and vllm.args with every
 relative path made absolute, from the folder it was relative to:
 
-  data.prompt_data, model.hf_checkpoint, model.torch_dist_checkpoint, model.load, model.save
+  data.prompt_data, eval.datasets[].prompt_data, model.hf_checkpoint,
+  model.torch_dist_checkpoint, model.load, model.save
       the spec's folder, as the compiler reads config.json; a path found only in the folder
       vime runs in is taken from there, as the runtime did for `--local`
-      (runtime/slices.py, _path). model.hf_checkpoint only when it exists here: otherwise
+      (runtime/core/slices.py, _path). model.hf_checkpoint only when it exists here: otherwise
       it may be a Hugging Face model id, which vLLM resolves itself.
   experiment.output_dir
       the folder vime runs in: the job folder is made there (submit.experiment_dir).
@@ -47,6 +48,10 @@ def absolute(spec: Spec, spec_dir: Path, cwd: Path) -> Spec:
         **{key: _from_spec(getattr(model, key), spec_dir, cwd)
            for key in ("torch_dist_checkpoint", "load", "save")})
     data = dataclasses.replace(data, prompt_data=_from_spec(data.prompt_data, spec_dir, cwd))
+    evaluation = dataclasses.replace(spec.eval, datasets=tuple(
+        dataclasses.replace(d, prompt_data=_from_spec(d.prompt_data, spec_dir, cwd))
+        for d in spec.eval.datasets))
     output_dir = os.path.normpath(cwd / os.path.expanduser(experiment.output_dir))
     experiment = dataclasses.replace(experiment, output_dir=output_dir)
-    return dataclasses.replace(spec, model=model, data=data, experiment=experiment)
+    return dataclasses.replace(spec, model=model, data=data, experiment=experiment,
+                               eval=evaluation)

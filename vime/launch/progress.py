@@ -1,5 +1,5 @@
 """What `vime submit --local` and `--ray-address` show while the job runs, and `vime logs -f`
-for any job (issue 15): the head node's own `vime:` lines from logs/node-0.log (Ray ready,
+for any job: the head node's own `vime:` lines from logs/node-0.log (Ray ready,
 the prompts, the actors, resumed from ...), then one line per rollout from metrics.jsonl with
 the run's progress over rollout.num_rollout and an ETA, a summary and the outcome at the end.
 
@@ -35,8 +35,23 @@ def bar(done: int, total: int) -> str:
     return "[" + "#" * filled + "." * (BAR - filled) + "]"
 
 
+def eval_parts(numbers: dict[str, float]) -> list[str]:
+    """The console's words for eval metrics: each dataset's accuracy and its largest pass@k."""
+    parts = []
+    for key in sorted(numbers):
+        if key.startswith("eval/") and key.endswith("/acc"):
+            name = key[len("eval/"):-len("/acc")]
+            ks = [int(k.rsplit("@", 1)[1]) for k in numbers
+                  if k.startswith(f"eval/{name}/pass@")]
+            best = f" pass@{max(ks)} {numbers[f'eval/{name}/pass@{max(ks)}']:.2f}" if ks else ""
+            parts.append(f"eval {name} acc {numbers[key]:.2f}{best}")
+    return parts
+
+
 def rollout_line(record: dict, total: int, eta_s: float | None) -> str:
     index, width = record["rollout"], len(str(total))
+    if index >= total:  # the evaluation of the final weights (eval.at_end)
+        return " | ".join(["final weights", *eval_parts(record)])
     parts = [f"rollout {index:>{width}} | {index + 1:>{width}}/{total} {bar(index + 1, total)} "
              f"{100 * (index + 1) // total:3d}%"]
     for key, fmt in (("reward/mean", "reward {:.3f}"), ("reward/acc", "acc {:.2f}"),
@@ -48,6 +63,7 @@ def rollout_line(record: dict, total: int, eta_s: float | None) -> str:
                       if record.get(f"time/{name}") is not None)
     if phases:
         parts.append(f"{phases} s")
+    parts += eval_parts(record)
     parts.append("ETA " + (clock(eta_s) if eta_s is not None else "-"))
     return " | ".join(parts)
 
@@ -136,9 +152,11 @@ class Progress:
     def summary(self, until: float | None = None) -> str | None:
         """One line of what this job did: rollouts, reward from first to last, wall time
         (from `started` until `until`, default now)."""
-        if not self.records:
+        # the final weights' evaluation (rollout = num_rollout) trained nothing
+        trained = [r for r in self.records if r["rollout"] < self.total]
+        if not trained:
             return None
-        first, last = self.records[0], self.records[-1]
+        first, last = trained[0], trained[-1]
         ended = time.time() if until is None else until
         line = (f"rollouts {first['rollout']} to {last['rollout']} of {self.total} in "
                 f"{clock(ended - self.started)}")

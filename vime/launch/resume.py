@@ -1,4 +1,4 @@
-"""Where a submitted run starts, said before anything starts (issue 15): the checkpoint the
+"""Where a submitted run starts, said before anything starts: the checkpoint the
 job will resume from, or a fresh start, or a run that is already finished.
 
 The runtime resumes from the newest complete checkpoint of its load folder

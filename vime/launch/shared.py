@@ -1,4 +1,4 @@
-"""Are the paths a job's nodes need on a file system they all mount? (issue 15)
+"""Are the paths a job's nodes need on a file system they all mount?
 
 V701 (vime/check/cluster.py) judges a spec's words when it is compiled: relative paths, /tmp
 and the like. `vime submit` knows more: the paths made absolute (vime/launch/paths.py), the

@@ -20,9 +20,8 @@ from pathlib import Path
 from vime import __version__
 from vime.emit import build
 from vime.launch import jobdir, lock, paths, ports, resume, slurm
-from vime.launch.jobdir import JobFolder
+from vime.launch.jobdir import DEFAULT_DRIVER, JobFolder
 
-DEFAULT_DRIVER = "runtime.node.driver:run"
 ARTIFACTS = ("resolved.toml", "plan.json", "megatron.args", "vllm.args")
 
 

@@ -4,7 +4,7 @@ Runs only on a spec that check accepted, so every division here is exact.
 
 The actor's ranks and the rollout's engines are sequences computed on demand, and by columns
 for the renderers: a plan of the largest cluster the schema admits has 262,144 of each, and
-`vime plan` must still answer within a second (issue 17).
+`vime plan` must still answer within a second (benchmarks/plan_startup.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vime.plan.colocation import Colocation, plan_colocation
+from vime.plan.forecast import Forecast, step_forecast
 from vime.plan.groups import Layout
 from vime.plan.memory import MemoryPlan, memory_plan
 from vime.plan.placement import Gpu, actor_layout, gpu_at, gpu_columns, rollout_start
@@ -156,6 +158,8 @@ class Plan:
     engines: Engines
     batch: Batch
     memory: MemoryPlan | None
+    colocation: Colocation | None = None  # None when actor and engines have GPUs of their own
+    forecast: Forecast | None = None  # seconds per rollout by phase; None without a memory plan
 
     @functools.cached_property
     def groups(self) -> dict[str, list[list[int]]]:
@@ -201,5 +205,7 @@ def plan(spec: Spec) -> Plan:
     layout = actor_layout(spec)
     if layout.problems():  # check refuses these; a plan never lists impossible groups
         raise ValueError("; ".join(layout.problems()))
+    memory = memory_plan(spec)
+    sharing = plan_colocation(spec, memory)
     return Plan(spec, layout, Ranks(layout, spec.cluster.gpus_per_node), _engines(spec),
-                _batch(spec), memory_plan(spec))
+                _batch(spec), memory, sharing, step_forecast(spec, memory, sharing))

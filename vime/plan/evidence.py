@@ -1,12 +1,12 @@
-"""What each term of the memory plan has been checked against (issue 18, item 5).
+"""What each term of the memory plan has been checked against.
 
 A user reading "6% headroom" needs to know which of the summed terms were measured and which
 are the model's arithmetic alone. Every Term of vime/plan/memory.py carries one Basis: the
 strongest thing it has been compared with, the error seen and where the raw data are. Three
 kinds, strongest first:
 
-- "gpu": compared with a measurement on a GPU, recorded in docs/data/ (or, where said, only in
-  issue 18's text: those runs' raw data are not in the repository);
+- "gpu": compared with a measurement on a GPU, recorded in docs/data/ (or, where said, only as
+  the summary in docs/memory-validation.md: those runs' raw data are not in the repository);
 - "cpu": measured on the CPU (the CPU allocator, autograd's saved tensors), the GPU run still to
   do: an estimate, CPU-measured, GPU pending;
 - "estimate": the model's arithmetic, from the libraries' code and formulas, not measured.
@@ -54,8 +54,9 @@ STATIC_STATE = Basis(
     "gpu",
     "weights, gradients and optimizer state after a step measured on one H200 (Qwen3-30B-A3B "
     "slices of 1.87 and 3.11 B parameters: 31.40 and 52.31 GiB resident), planned 0.2-1.7% "
-    "lower; issue 18: within 0.1-2.6% on other shapes, one and two H200s, tp/ep/etp up to 2",
-    (H200_MEMORY, VALIDATION, "issue 18"))
+    "lower; within 0.1-2.6% on other shapes, one and two H200s, tp/ep/etp up to 2 (raw data "
+    "not in the repository)",
+    (H200_MEMORY, VALIDATION))
 
 CPU_ADAM = Basis(
     "estimate",
@@ -63,9 +64,9 @@ CPU_ADAM = Basis(
     "(0.48 GiB per rank against 0.60 with Adam on the GPU), not compared term by term",
     ("docs/data/h200x2-megatron-parallel-tp2-cpu-adam-2026-11-29.json", "docs/gpu-runs.md"))
 
-_OTHER_SHAPES = ("issue 18: on other shapes (hidden 1024 and 2048, 32 and 64 experts, "
-                 "tp/ep/etp up to 2) activations and the loss head of then were over-predicted "
-                 "by 34% on average, 61% at worst")
+_OTHER_SHAPES = ("on other shapes (hidden 1024 and 2048, 32 and 64 experts, tp/ep/etp up to "
+                 "2) activations and the loss head of then were over-predicted by 34% on "
+                 "average, 61% at worst (raw data not in the repository)")
 _MOE_ON_CPU = ("the MoE layer's saved bytes per token (router, alltoall dispatch, experts) "
                "counted from megatron-core's code and measured equal on the CPU for both expert "
                "paths")
@@ -89,14 +90,14 @@ ACTIVATIONS_UNMEASURED = Basis(
     "estimate",
     "measured only for Qwen3-30B-A3B's layer shapes at tp = cp = ep = etp = 1 (one H200); "
     + _OTHER_SHAPES + "; " + _MOE_ON_CPU + ", the dense MLP's too",
-    (H200_MEMORY, VALIDATION, _ORACLE, "issue 18"))
+    (H200_MEMORY, VALIDATION, _ORACLE))
 
 UNEVEN_ROUTING = Basis(
     "estimate",
     "a margin: train.routing_imbalance × the mean routed rows on the busiest expert-parallel "
-    "rank; its default 1.8 is the most issue 18 saw at ep 2 with random routing (1.5-1.8×, raw "
+    "rank; its default 1.8 is the most measured at ep 2 with random routing (1.5-1.8×, raw "
     "data not in the repository); a trained router's imbalance differs",
-    ("issue 18",))
+    (VALIDATION,))
 
 EXPERT_STACKS = Basis(
     "cpu",
@@ -123,7 +124,7 @@ ADAM_STEP_CHAINED = Basis(
     "4.00 bytes per parameter measured on one H200 with one optimizer (ep 1); with ep > 1 or "
     "etp ≠ tp megatron-core steps the dense and the expert optimizers one after the other "
     "(ChainedOptimizer): the larger shard's transient, from the code, not measured",
-    (H200_MEMORY, "issue 18"))
+    (H200_MEMORY, VALIDATION))
 
 NO_ADAM_STEP = Basis("estimate", "CPU Adam steps on the host: no device transient, not measured")
 
@@ -137,33 +138,33 @@ TE_ADAM_STEP = Basis(
 OUTSIDE_TORCH_ONE_GPU = Basis(
     "gpu",
     "memory outside torch's allocator: 2.06 GiB on every case of vime's own backend step on one "
-    "H200 (seven shapes, 4k-24k tokens; issue 18, raw data not in the repository)",
-    ("issue 18",))
+    "H200 (seven shapes, 4k-24k tokens; raw data not in the repository)",
+    (VALIDATION,))
 
 OUTSIDE_TORCH_TWO_GPUS = Basis(
     "gpu",
     "memory outside torch's allocator: 2.06 GiB with vime's backend on one H200; a stand-in "
     "megatron-core loop held 2.4 GiB on one GPU and 3.8-4.4 GiB on each of two, so NCCL's "
-    "groups add up to 2.0 GiB (issue 18, raw data not in the repository)",
-    ("issue 18",))
+    "groups add up to 2.0 GiB (raw data not in the repository)",
+    (VALIDATION,))
 
 OUTSIDE_TORCH_MORE_GPUS = Basis(
     "estimate",
     "memory outside torch's allocator measured on one and two H200s only (2.06 GiB with vime's "
-    "backend on one; up to 2.0 GiB more for NCCL on two: issue 18); more GPUs and groups "
-    "hold more NCCL buffers, not measured",
-    ("issue 18",))
+    "backend on one; up to 2.0 GiB more for NCCL on two); more GPUs and groups hold more "
+    "NCCL buffers, not measured",
+    (VALIDATION,))
 
 FRAGMENTATION = Basis(
     "gpu",
-    "reserved over allocated 3-15% on one H200 (stand-in loop); issue 18: with vime's backend "
-    "one case peaked at 138.3 of 139.8 GiB on the device with reserved under-predicted",
-    (H200_MEMORY, VALIDATION, "issue 18"))
+    "reserved over allocated 3-15% on one H200 (stand-in loop); with vime's backend one case "
+    "peaked at 138.3 of 139.8 GiB on the device with reserved under-predicted",
+    (H200_MEMORY, VALIDATION))
 
 SLEEPING_ENGINE = Basis(
     "estimate",
-    "vLLM's context and CUDA graphs while asleep: both measured awake at start-up (issue 18, "
-    "item 4: docs/memory-validation.md), what sleep keeps of them not measured")
+    "vLLM's context and CUDA graphs while asleep: both measured awake at start-up "
+    "(docs/memory-validation.md), what sleep keeps of them not measured", (VALIDATION,))
 
 # -- rollout and host ------------------------------------------------------------------------
 

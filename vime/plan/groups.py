@@ -31,7 +31,8 @@ def orthogonal_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
     masked = [i for i, m in enumerate(mask) if m]
     unmasked = [i for i, m in enumerate(mask) if not m]
     # every group has the same members relative to its first rank: compute them once, so a
-    # plan of the largest cluster the schema admits stays linear in its ranks (issue 17)
+    # plan of the largest cluster the schema admits stays linear in its ranks
+    # (benchmarks/plan_startup.py, benchmarks/RESULTS.md)
     offsets = [sum(c * strides[i] for c, i in zip(_decompose(r, [sizes[i] for i in masked]),
                                                   masked, strict=True))
                for r in range(prod(sizes[i] for i in masked))]
@@ -45,7 +46,7 @@ def orthogonal_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
 
 def axis_column(stride: int, size: int, world: int) -> list[int]:
     """Coordinate (r // stride) % size of every rank r < world, without a Python step per rank:
-    stride copies of each coordinate, that period repeated (issue 17: 262,144 ranks)."""
+    stride copies of each coordinate, that period repeated (262,144 ranks: benchmarks/plan_startup.py)."""
     if size == 1:
         return [0] * world
     period = (list(range(size)) if stride == 1 else

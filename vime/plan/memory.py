@@ -33,10 +33,10 @@ GiB = 1024**3
 # Allowances, per GPU.
 # The actor's memory outside torch's caching allocator (CUDA context, cuBLAS workspaces, loaded
 # kernels, NCCL's communicators), which neither max_memory_allocated nor max_memory_reserved
-# counts. Issue 18 measured 2.06 GiB on every case of vime's own backend step on one H200
+# counts: 2.06 GiB measured on every case of vime's own backend step on one H200
 # (seven shapes, 4k-24k tokens); a stand-in megatron-core loop held 2.4 GiB on one GPU and
 # 3.8-4.4 GiB on each of two, so groups of more than one rank add up to 2.0 GiB (4.4 - 2.4, the
-# most seen). Not measured beyond two GPUs. (The planner had 0.6 + 1.0 GiB.)
+# most seen; docs/memory-validation.md). Not measured beyond two GPUs.
 ACTOR_OUTSIDE_TORCH = 2.06 * GiB
 ACTOR_NCCL = 2.0 * GiB
 FRAGMENTATION = 0.10  # caching-allocator slack (reserved over allocated), measured 2-21%
@@ -145,24 +145,29 @@ def actor_shard(spec: Spec) -> ActorShard:
     dense_layers = layers - moe_layers
     vocab = padded_vocab(arch.vocab_size, par.tp)
     embeddings = (1 if arch.tie_word_embeddings or par.pp > 1 else 2) * arch.hidden_size * vocab
-    tp_sharded = (arch.attention_params * layers + arch.dense_mlp_params * dense_layers
-                  + embeddings) / par.tp
+    tp_sharded = ((arch.attention_params - arch.attention_replicated_params) * layers
+                  + arch.dense_mlp_params * dense_layers
+                  + arch.shared_expert_params * moe_layers + embeddings) / par.tp
     replicated = (2 * arch.hidden_size * layers + arch.hidden_size * arch.num_experts * moe_layers
-                  + arch.hidden_size)
+                  + arch.attention_replicated_params * layers + arch.hidden_size)
     expert = arch.expert_params * arch.num_experts * moe_layers / (par.ep * par.etp)
     return ActorShard(dense=tp_sharded + replicated, expert=expert)
 
 
 def vllm_weight_params(spec: Spec) -> float:
-    """Parameters on one vLLM GPU: attention, dense MLPs and vocabulary by TP; routed experts
-    by EP (the most loaded rank, redundant experts included) or, without EP, by TP × DP."""
+    """Parameters on one vLLM GPU: attention, dense MLPs, shared experts and vocabulary by TP
+    (MLA's down projections whole); routed experts by EP (the most loaded rank, redundant
+    experts included) or, without EP, by TP × DP."""
     arch, d = spec.arch, spec.derived
     tp = d.vllm_tp
     heads = 1 if arch.tie_word_embeddings else 2
     dense_layers = arch.num_layers - arch.num_moe_layers
-    sharded = (arch.attention_params * arch.num_layers + arch.dense_mlp_params * dense_layers
+    sharded = ((arch.attention_params - arch.attention_replicated_params) * arch.num_layers
+               + arch.dense_mlp_params * dense_layers
+               + arch.shared_expert_params * arch.num_moe_layers
                + heads * arch.embedding_params) / tp
     replicated = (2 * arch.hidden_size * arch.num_layers
+                  + arch.attention_replicated_params * arch.num_layers
                   + arch.hidden_size * arch.num_experts * arch.num_moe_layers)
     if not arch.is_moe:
         experts = 0.0
@@ -220,12 +225,12 @@ def routing_imbalance(spec: Spec) -> float:
 # an int64 [tokens, experts] map (8·experts). Counted from megatron-core 0.19's MLP, router and
 # alltoall dispatcher and runtime/megatron/grouped_experts.py, and measured equal to the byte
 # for SequentialMLP and GroupedMLP on the CPU with a real MoE layer, five shapes
-# (tests/oracle/test_megatron_moe_activations.py). The planner had 4·hidden + 6·ffn per row.
+# (tests/oracle/test_megatron_moe_activations.py).
 ROUTED_ROW_HIDDEN_BYTES, ROUTED_ROW_FFN_BYTES, ROUTED_ROW_BYTES = 2, 12, 24
 ROUTER_EXPERT_BYTES = 8
 # A dense MLP per token: fc1's output, the SiLU output, the up projection and the GLU product
 # fc2 keeps (4 + 2 + 2 + 2 bytes per ffn entry), its input being the norm's output; measured on
-# the CPU (same test). The planner had 6.
+# the CPU (same test).
 DENSE_FFN_BYTES = 10
 
 
@@ -239,8 +244,8 @@ def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool,
     pre-MLP norm input and output, then the dense MLP's or the MoE layer's own tensors (the
     constants above). With sequence parallelism each TP rank routes its own slice of the
     tokens; with etp > 1 the dispatcher gathers the rows of the etp group, so each rank
-    processes etp times its slice's routed rows at ffn ÷ etp (issue 18 saw every rank of etp 2
-    process all T·K rows); `imbalance` scales the routed rows of the busiest EP rank.
+    processes etp times its slice's routed rows at ffn ÷ etp (every rank of etp 2 processed all
+    T·K rows on an H200: docs/memory-validation.md); `imbalance` scales the routed rows of the busiest EP rank.
     """
     par = spec.train.parallel
     h, d, tp = arch.hidden_size, arch.head_dim, par.tp
@@ -337,7 +342,7 @@ def _adam_step_basis(spec: Spec) -> Basis:
 
 
 # The layer shapes the H200 measured (Qwen3-30B-A3B's): outside them, or at another layout, the
-# activation term is an estimate (issue 18 found other shapes over-predicted).
+# activation term is an estimate (other shapes were over-predicted: docs/memory-validation.md).
 MEASURED_LAYER = {"hidden_size": 2048, "num_attention_heads": 32, "num_kv_heads": 4,
                   "head_dim": 128, "num_experts": 128, "topk": 8, "moe_ffn_hidden_size": 768}
 
@@ -360,7 +365,7 @@ def actor_outside_torch(spec: Spec) -> tuple[float, Basis]:
     return ACTOR_OUTSIDE_TORCH + ACTOR_NCCL, basis
 
 
-# The loss head (runtime/core/loss_head.py, issue 18): the log-probs and entropy from the final
+# The loss head (runtime/core/loss_head.py): the log-probs and entropy from the final
 # hidden states and the output weight, a chunk of tokens at a time, with no [tokens, vocab]
 # tensor (the whole-vocabulary fp32 log-softmax it replaced held 16 bytes per token per
 # vocabulary entry, 14.9 measured on an H200: docs/memory-validation.md). What it holds:
@@ -550,6 +555,17 @@ def max_num_batched_tokens(spec: Spec, gpu_bytes: float) -> int:
                        16384 if gpu_bytes >= 70 * GiB else 8192)
 
 
+def kv_bytes_per_token(arch: Arch, vllm_tp: int) -> int:
+    """bf16 KV cache of one token on one engine GPU. Attention keeps K and V of its KV heads
+    (split over TP, at least one head a GPU); MLA keeps one compressed latent of
+    kv_lora_rank + qk_rope_head_dim per layer, whole on every TP rank (vLLM's MLA backends,
+    vllm/model_executor/layers/attention/mla_attention.py: head_size = kv_lora_rank +
+    qk_rope_head_dim, num_kv_heads = 1)."""
+    if arch.is_mla:
+        return arch.num_layers * (arch.kv_lora_rank + arch.qk_rope_head_dim) * 2
+    return 2 * arch.num_layers * max(1, arch.num_kv_heads // vllm_tp) * arch.head_dim * 2
+
+
 def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     arch, d, inf = spec.arch, spec.derived, spec.inference
     weights = 2 * vllm_weight_params(spec)
@@ -566,9 +582,9 @@ def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     non_torch = _engine_non_torch(spec)
     budget = ceil(gpu_bytes * inf.gpu_memory_utilization)
     kv = budget - weights - activation - graphs - non_torch  # the context is not in the budget
-    kv_per_token = 2 * arch.num_layers * max(1, arch.num_kv_heads // d.vllm_tp) * arch.head_dim * 2
+    kv_per_token = kv_bytes_per_token(arch, d.vllm_tp)
     kv_tokens = max(int(kv // kv_per_token), 0)
-    max_len = spec.rollout.max_prompt_len + spec.rollout.max_response_len
+    max_len = spec.max_model_len
     engines = max(d.num_engines, 1)
     # measured for engines of one GPU (the start-up log); with tp or ep > 1 an estimate
     one_gpu = d.vllm_tp == 1 and not inf.expert_parallel

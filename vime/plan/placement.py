@@ -17,7 +17,7 @@ def gpu_at(index: int, gpus_per_node: int) -> Gpu:
 
 def gpu_columns(start: int, count: int, gpus_per_node: int) -> tuple[list[int], list[int]]:
     """The nodes and the GPUs on the node of GPUs start, start + 1, ... (count of them), as two
-    lists, without a Python step per GPU (a plan of 262,144 GPUs, issue 17)."""
+    lists, without a Python step per GPU (a plan of 262,144 GPUs: benchmarks/plan_startup.py)."""
     if count <= 0:
         return [], []
     first, last = start // gpus_per_node, (start + count - 1) // gpus_per_node

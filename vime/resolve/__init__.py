@@ -39,7 +39,7 @@ GPU_MEMORY_GIB = {
 }
 
 # How nvidia-smi and people write the same cards: "h100", "NVIDIA A100-SXM4-80GB" (with the
-# space as - or _), "A100-80G" (issue 17: case and the form factor made known cards unknown).
+# space as - or _), "A100-80G": case and the form factor do not make a known card unknown.
 _FORM_FACTORS = re.compile(r"-(SXM\d?|PCIE)(?=-|$)")
 
 
@@ -259,6 +259,12 @@ def _derive(values: dict, origins: dict[str, Origin]) -> Derived:
         derive(train, "num_gpus", "train.num_gpus", 0, "missing: must be set when not colocated")
         derive(inference, "num_gpus", "inference.num_gpus", world - train["num_gpus"],
                f"the GPUs after the actor's {train['num_gpus']}")
+    derive(rollout, "over_sampling_batch_size", "rollout.over_sampling_batch_size",
+           rollout["batch_size"], "rollout.batch_size")
+    derive(rollout, "overlong_buffer_len", "rollout.overlong_buffer_len",
+           max(rollout["max_response_len"] // 5, 1),
+           f"max_response_len ÷ 5 = {rollout['max_response_len']} ÷ 5 (DAPO's 4096 of 20480)")
+    _eval_defaults(values, origins)
     samples = rollout["batch_size"] * rollout["n_samples_per_prompt"]
     derive(train, "global_batch_size", "train.global_batch_size",
            max(samples // train["steps_per_rollout"], 1),
@@ -290,6 +296,35 @@ def _derive(values: dict, origins: dict[str, Origin]) -> Derived:
     )
 
 
+# [[eval.datasets]] keys that default to the rollout's or the data's value
+EVAL_INHERITED = {"input_key": "data.input_key", "label_key": "data.label_key",
+                  "max_response_len": "rollout.max_response_len",
+                  "temperature": "rollout.temperature", "top_p": "rollout.top_p",
+                  "reward": "rollout.reward"}
+
+
+def _eval_defaults(values: dict, origins: dict[str, Origin]) -> None:
+    """Each [[eval.datasets]] table gets its schema defaults and the rollout's or data's value
+    for the keys it leaves out; origins name which."""
+    item = schema.node(("eval", "datasets", 0)) or {}
+    filled = []
+    for index, dataset in enumerate(values["eval"]["datasets"] or []):
+        dataset = dict(dataset)
+        for key, sub in item.get("properties", {}).items():
+            path = f"eval.datasets[{index}].{key}"
+            if key in dataset:
+                continue
+            if key in EVAL_INHERITED:
+                section, name = EVAL_INHERITED[key].split(".")
+                dataset[key] = values[section][name]
+                origins[path] = Origin("derived", EVAL_INHERITED[key])
+            elif "default" in sub:
+                dataset[key] = sub["default"]
+                origins[path] = Origin("default", repr(sub["default"]))
+        filled.append(dataset)
+    values["eval"]["datasets"] = filled
+
+
 def _build(cls: type, values: dict):
     """Construct a frozen dataclass tree from a dict with the same shape."""
     hints = typing.get_type_hints(cls)
@@ -299,6 +334,9 @@ def _build(cls: type, values: dict):
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
             value = _build(hint, value or {})
+        elif isinstance(value, list) and typing.get_origin(hint) is tuple \
+                and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+            value = tuple(_build(typing.get_args(hint)[0], v) for v in value)
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[f.name] = value

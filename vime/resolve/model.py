@@ -1,5 +1,11 @@
 """Model architecture: HF config.json keys -> Arch, built-in presets, parameter counts.
 
+One description for three families of config.json: Qwen3 / Qwen3-MoE, DeepSeek-V3
+(`deepseek_v3`, `kimi_k2`: multi-head latent attention, shared experts, sigmoid routing with
+an expert bias, group-limited routing, dense first layers) and GLM-4.5 (`glm4_moe`: shared
+experts, partial rotary, QKV bias, dense first layers). Which of them the runtime runs is
+vime/support.py's to say.
+
 Presets hold the published config.json values of the Qwen3 checkpoints on the Hugging Face
 hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, Qwen/Qwen3-4B, Qwen/Qwen3-8B), so a spec can
 be planned on a laptop that does not have the weights.
@@ -76,7 +82,7 @@ PRESETS: dict[str, dict] = {
 
 # HF keys vime reads; the ones without a fallback must be present.
 REQUIRED_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
-MOE_MODEL_TYPES = ("qwen3_moe",)
+MOE_MODEL_TYPES = ("qwen3_moe", "deepseek_v3", "kimi_k2", "glm4_moe")
 
 
 class ArchError(ValueError):
@@ -106,22 +112,70 @@ class Arch:
     rope_theta: float
     rms_norm_eps: float
     norm_topk_prob: bool
+    # multi-head latent attention (DeepSeek-V3): kv_lora_rank > 0; q_lora_rank 0 is a plain
+    # q_proj (Moonlight's q_lora_rank null)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    qkv_bias: bool = False
+    qk_norm: bool = True  # q_norm / k_norm RMSNorms over head_dim (Qwen3; GLM's use_qk_norm)
+    partial_rotary_factor: float = 1.0
+    # summed width of a MoE layer's shared experts (n_shared_experts × moe_intermediate_size)
+    shared_expert_ffn_hidden_size: int = 0
+    score_function: str = "softmax"  # the router's scores: softmax or sigmoid
+    expert_bias: bool = False  # e_score_correction_bias: a buffer, not a parameter
+    num_groups: int = 1  # group-limited routing: n_group groups, topk_group of them used
+    group_topk: int = 1
+    routed_scaling_factor: float = 1.0
+    mtp_layers: int = 0  # num_nextn_predict_layers: not part of the model trained or served
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0 and any(self.moe_layers)
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def num_moe_layers(self) -> int:
         return sum(self.moe_layers)
 
-    # -- parameter counts (bias-free Qwen3 blocks, q/k RMSNorm) -----------------------
+    # -- parameter counts (transformers' modules; megatron-core counts the same) --------
+    @property
+    def attention_replicated_params(self) -> int:
+        """Attention weights every tensor-parallel rank holds whole: MLA's down projections
+        and their RMSNorms (vLLM's fused_qkv_a_proj is replicated, megatron-core's
+        linear_q_down_proj / linear_kv_down_proj are not split over tp)."""
+        if not self.is_mla:
+            return 0
+        h = self.hidden_size
+        q_down = h * self.q_lora_rank + self.q_lora_rank if self.q_lora_rank else 0
+        kv_down = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        return q_down + kv_down
+
     @property
     def attention_params(self) -> int:
-        q = self.hidden_size * self.num_attention_heads * self.head_dim
-        kv = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
-        out = self.num_attention_heads * self.head_dim * self.hidden_size
-        return q + kv + out + 2 * self.head_dim  # + q_norm, k_norm
+        h, heads = self.hidden_size, self.num_attention_heads
+        if self.is_mla:
+            qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q_up = (self.q_lora_rank or h) * heads * qk_head
+            kv_up = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            out = heads * self.v_head_dim * h
+            return self.attention_replicated_params + q_up + kv_up + out
+        q = h * heads * self.head_dim
+        kv = 2 * h * self.num_kv_heads * self.head_dim
+        out = heads * self.head_dim * h
+        bias = (heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
+        norms = 2 * self.head_dim if self.qk_norm else 0  # q_norm, k_norm
+        return q + kv + out + bias + norms
+
+    @property
+    def shared_expert_params(self) -> int:
+        """A MoE layer's shared experts: gate, up and down projections."""
+        return 3 * self.hidden_size * self.shared_expert_ffn_hidden_size
 
     @property
     def expert_params(self) -> int:
@@ -142,7 +196,7 @@ class Arch:
             total += self.attention_params + 2 * self.hidden_size  # + two RMSNorms
             if moe:
                 total += self.hidden_size * self.num_experts  # router
-                total += experts_counted * self.expert_params
+                total += experts_counted * self.expert_params + self.shared_expert_params
             else:
                 total += self.dense_mlp_params
         return total
@@ -174,7 +228,7 @@ def _int(config: dict, key: str, default: int | None = None) -> int:
     return value
 
 
-_SCHEMA_KEY = {"num_local_experts": "num_experts"}
+_SCHEMA_KEY = {"num_local_experts": "num_experts", "n_routed_experts": "num_experts"}
 
 
 def moe_layer_pattern(num_layers: int, num_experts: int, sparse_step: int,
@@ -187,8 +241,28 @@ def moe_layer_pattern(num_layers: int, num_experts: int, sparse_step: int,
     return tuple(i not in dense and (i + 1) % sparse_step == 0 for i in range(num_layers))
 
 
+def dense_first_pattern(num_layers: int, num_experts: int, first_dense: int,
+                        freq: int) -> tuple[bool, ...]:
+    """DeepSeek-V3 / GLM-4.5 rule: layer i is MoE iff routed experts exist,
+    i >= first_k_dense_replace and i % moe_layer_freq == 0 (vLLM's deepseek_v2.py and
+    glm4_moe.py; transformers reads first_k_dense_replace alone, and every published
+    checkpoint has moe_layer_freq 1)."""
+    if num_experts <= 0:
+        return (False,) * num_layers
+    return tuple(i >= first_dense and i % freq == 0 for i in range(num_layers))
+
+
+def _optional_int(config: dict, key: str) -> int:
+    """A key config.json may write as null (Moonlight's q_lora_rank): 0."""
+    return 0 if config.get(key) is None else _int(config, key)
+
+
 def arch_from_config(config: dict) -> Arch:
-    """Read the Qwen3 / Qwen3-MoE keys of an HF config.json (a dict)."""
+    """Read the Qwen3 / Qwen3-MoE, DeepSeek-V3 and GLM-4.5 keys of an HF config.json (a dict).
+
+    Raises:
+        ArchError: a key vime needs is missing or not a number it can plan with.
+    """
     for key in REQUIRED_KEYS:
         _int(config, key)
     layers = _int(config, "num_hidden_layers")
@@ -197,12 +271,33 @@ def arch_from_config(config: dict) -> Arch:
     if heads == 0:
         raise ArchError("num_attention_heads", "config.json 'num_attention_heads' is 0")
     model_type = str(config.get("model_type", "qwen3_moe" if config.get("num_experts") else "qwen3"))
-    # transformers v5 names the expert count num_local_experts for some families
-    experts = _int(config, "num_experts", _int(config, "num_local_experts", 0))
-    step = _int(config, "decoder_sparse_step", 1) or 1
+    # transformers v5 names the expert count num_local_experts for some families; DeepSeek-V3
+    # and GLM-4.5 name the routed experts n_routed_experts
+    experts = _int(config, "num_experts", _int(config, "num_local_experts",
+                                                _optional_int(config, "n_routed_experts")))
     mlp_only = config.get("mlp_only_layers") or []
     if not isinstance(mlp_only, list) or not all(isinstance(i, int) for i in mlp_only):
         raise ArchError("mlp_only_layers", "config.json 'mlp_only_layers' must be a list of layer indices")
+    if "first_k_dense_replace" in config:
+        first_dense = _int(config, "first_k_dense_replace")
+        moe_layers = dense_first_pattern(layers, experts, first_dense,
+                                         _int(config, "moe_layer_freq", 1) or 1)
+    else:
+        moe_layers = moe_layer_pattern(layers, experts, _int(config, "decoder_sparse_step", 1) or 1,
+                                       mlp_only)
+    kv_lora = _optional_int(config, "kv_lora_rank")
+    qk_rope = _optional_int(config, "qk_rope_head_dim") if kv_lora else 0
+    qk_nope = _optional_int(config, "qk_nope_head_dim") if kv_lora else 0
+    moe_ffn = _int(config, "moe_intermediate_size", 0) if experts else 0
+    shared = _optional_int(config, "n_shared_experts") if experts else 0
+    partial = config.get("partial_rotary_factor", 1.0)
+    if isinstance(partial, bool) or not isinstance(partial, int | float) or not 0 < partial <= 1:
+        raise ArchError("partial_rotary_factor",
+                        f"config.json 'partial_rotary_factor' is {partial!r}, expected a number in (0, 1]")
+    scoring = config.get("scoring_func")
+    if scoring is None:  # transformers' DeepseekV3 and Glm4Moe routers score with a sigmoid
+        scoring = "sigmoid" if model_type in ("deepseek_v3", "kimi_k2", "glm4_moe") else "softmax"
+    groups = _optional_int(config, "n_group") or 1
     rope = config.get("rope_theta")
     if rope is None:  # transformers v5 keeps it under rope_parameters
         rope = (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
@@ -212,16 +307,34 @@ def arch_from_config(config: dict) -> Arch:
         hidden_size=hidden,
         num_attention_heads=heads,
         num_kv_heads=_int(config, "num_key_value_heads", heads),
-        head_dim=_int(config, "head_dim", hidden // heads),
+        # MLA's query/key head is qk_nope + qk_rope wide (its config.json head_dim, where
+        # written, is qk_rope_head_dim)
+        head_dim=qk_nope + qk_rope if kv_lora else _int(config, "head_dim", hidden // heads),
         vocab_size=_int(config, "vocab_size"),
         ffn_hidden_size=_int(config, "intermediate_size", 4 * hidden),
         num_experts=experts,
         topk=_int(config, "num_experts_per_tok", 0) if experts else 0,
-        moe_ffn_hidden_size=_int(config, "moe_intermediate_size", 0) if experts else 0,
-        moe_layers=moe_layer_pattern(layers, experts, step, mlp_only),
+        moe_ffn_hidden_size=moe_ffn,
+        moe_layers=moe_layers,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_position_embeddings=_int(config, "max_position_embeddings", 2048),
         rope_theta=float(rope),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+        q_lora_rank=_optional_int(config, "q_lora_rank") if kv_lora else 0,
+        kv_lora_rank=kv_lora,
+        qk_nope_head_dim=qk_nope,
+        qk_rope_head_dim=qk_rope,
+        v_head_dim=_optional_int(config, "v_head_dim") if kv_lora else 0,
+        qkv_bias=bool(config.get("attention_bias", False)) and not kv_lora,
+        qk_norm=bool(config.get("use_qk_norm", True)) and not kv_lora,
+        partial_rotary_factor=float(partial),
+        shared_expert_ffn_hidden_size=shared * moe_ffn,
+        score_function=str(scoring),
+        expert_bias=model_type in ("deepseek_v3", "kimi_k2", "glm4_moe") and (
+            config.get("topk_method", "noaux_tc") == "noaux_tc"),
+        num_groups=groups,
+        group_topk=_optional_int(config, "topk_group") or 1,
+        routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+        mtp_layers=_optional_int(config, "num_nextn_predict_layers"),
     )

@@ -104,6 +104,34 @@ class Rollout:
     top_p: float
     reward: str
     reward_timeout_s: float
+    dynamic_sampling: bool
+    dynamic_sampling_filter: str | None
+    over_sampling_batch_size: int
+    dynamic_sampling_max_attempts: int
+    overlong: str  # keep | mask | penalty
+    overlong_buffer_len: int
+    overlong_penalty_factor: float
+
+
+@dataclass(frozen=True)
+class EvalDataset:
+    name: str
+    prompt_data: str
+    input_key: str
+    label_key: str
+    n_samples_per_prompt: int
+    max_response_len: int
+    temperature: float
+    top_p: float
+    reward: str
+
+
+@dataclass(frozen=True)
+class Eval:
+    interval: int | None
+    at_start: bool
+    at_end: bool
+    datasets: tuple[EvalDataset, ...]
 
 
 @dataclass(frozen=True)
@@ -145,6 +173,7 @@ class Train:
     routing_replay: bool
     num_gpus: int
     recompute: str
+    offload: str  # auto | always | never: taking turns on a colocated GPU (vime/plan/colocation.py)
     transformer_impl: str  # auto | transformer_engine | local (--transformer-impl)
     routing_imbalance: float
     parallel: Parallel
@@ -288,6 +317,7 @@ class Spec:
     inference: Inference
     checkpoint: Checkpoint
     logging: Logging
+    eval: Eval
     arch: Arch | None  # None when neither config.json, a preset nor [model.arch] says
     derived: Derived
     # (key path, why) when no architecture could be read; check reports it (V101)
@@ -311,9 +341,16 @@ class Spec:
     def origin(self, key: str) -> Origin:
         return self.origins.get(key, Origin("default"))
 
+    @property
+    def max_model_len(self) -> int:
+        """The engines' context (vLLM --max-model-len): the longest prompt plus the longest
+        response of the rollout or of any evaluation dataset."""
+        return self.rollout.max_prompt_len + max(
+            [self.rollout.max_response_len, *(d.max_response_len for d in self.eval.datasets)])
+
 
 SECTIONS = {
     "experiment": Experiment, "cluster": Cluster, "model": Model, "data": Data,
     "rollout": Rollout, "train": Train, "algorithm": Algorithm, "inference": Inference,
-    "checkpoint": Checkpoint, "logging": Logging,
+    "checkpoint": Checkpoint, "logging": Logging, "eval": Eval,
 }

@@ -1,7 +1,7 @@
 """Every Python process started with this folder on PYTHONPATH prints the stacks of all its
 threads to stderr every VIME_STACK_DUMP_S seconds (a forked child too): how
 benchmarks/gpu/h200_live.sh's `mp` step looks at where vLLM's engine core in its own process
-waits on the H200 machine, which has no py-spy or gdb. A daemon thread of its own, not
+waits on a machine without py-spy or gdb. A daemon thread of its own, not
 faulthandler.dump_traceback_later: re-arming that in a forked child waits forever for the
 parent's watchdog thread, which the child does not have."""
 

@@ -1,0 +1,146 @@
+"""Which generated groups a rollout trains on: DAPO's dynamic sampling and overlong handling.
+
+The loop (runtime/rl/loop.py, GRPOLoop.sample_groups) generates groups of n samples per
+prompt, scores them, and asks this module
+
+    overlong_penalty   DAPO's soft overlong punishment, added to a sample's reward
+    mask_overlong      advantage 0 for responses cut at max_response_len
+    keeps              whether a group teaches anything (its rewards differ) and passes the
+                       user's filter (rollout.dynamic_sampling_filter)
+    Refill             when to stop generating: batch_size groups kept, or the attempt bound
+                       reached (then filtered groups complete the batch)
+
+Everything here is a pure function of the groups it is given, so a resumed run, which draws
+the same prompts with the same seeds, keeps the same groups.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from runtime.core.slices import SamplingPolicy
+
+
+def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) -> float:
+    """DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13) of a response of `length`
+    tokens: 0 up to max_len - buffer_len tokens, then falling linearly to -factor at max_len
+    (and staying there beyond it)."""
+    start = max_len - buffer_len
+    if length <= start:
+        return 0.0
+    return -min(length - start, buffer_len) / buffer_len * factor
+
+
+def mask_overlong(advantages: list[float], generations) -> list[float]:
+    """Advantage 0 for responses cut at max_response_len (finish reason "length"): no
+    policy-gradient term for them (DAPO's overlong filtering, rollout.overlong = "mask"); the
+    KL and entropy terms still see their tokens."""
+    return [0.0 if g.finish_reason == "length" else a
+            for a, g in zip(advantages, generations, strict=True)]
+
+
+@dataclass
+class Group:
+    """The n samples of one prompt: what was asked, generated and scored."""
+
+    prompt: object  # runtime.rl.data.Prompt
+    requests: list  # GenerationRequest per sample
+    generations: list  # Generation per sample
+    rewards: list[float]  # what the reward function gave
+    scores: list[float]  # the rewards the advantages see (after the overlong penalty)
+    extras: dict[str, list[float]] = field(default_factory=dict)  # reward/<key> numbers
+
+    @property
+    def varied(self) -> bool:
+        """Whether the scores differ: a group of equal scores has every GRPO advantage 0."""
+        return max(self.scores) != min(self.scores)
+
+
+GroupFilter = Callable[..., bool]
+
+
+def load_filter(name: str) -> GroupFilter:
+    """rollout.dynamic_sampling_filter: "module.path:function".
+
+    Raises:
+        ValueError: the module or the function cannot be found."""
+    module_name, _, function = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"rollout.dynamic_sampling_filter = {name!r}: cannot import "
+                         f"{module_name}: {err}") from err
+    try:
+        return getattr(module, function)
+    except AttributeError:
+        raise ValueError(f"rollout.dynamic_sampling_filter = {name!r}: {module_name} has no "
+                         f"{function}") from None
+
+
+def keeps(group: Group, user_filter: GroupFilter | None) -> bool:
+    """Whether dynamic sampling keeps a group: its scores differ, and the user's filter (when
+    set) returns true for it."""
+    if not group.varied:
+        return False
+    if user_filter is None:
+        return True
+    return bool(user_filter(rewards=list(group.scores),
+                            responses=[g.token_ids for g in group.generations],
+                            prompt=group.prompt.text, label=group.prompt.label))
+
+
+@dataclass
+class Refill:
+    """The groups of one rollout, attempt after attempt, until the batch is full.
+
+    Without dynamic sampling every group is kept and one attempt of batch_size prompts
+    fills it. With it, each attempt draws over_sampling_batch_size prompts; groups that
+    keeps() rejects are set aside, and when max_attempts attempts have not kept enough, the
+    set-aside groups complete the batch in the order they were generated (their advantages
+    are 0 or the filter rejected them: they add no signal, only keep the batch's size).
+    """
+
+    policy: SamplingPolicy
+    wanted: int  # groups per rollout (rollout.batch_size)
+    user_filter: GroupFilter | None = None
+    kept: list[Group] = field(default_factory=list)
+    filtered: list[Group] = field(default_factory=list)
+    attempts: int = 0
+    prompts_drawn: int = 0
+
+    def next_size(self) -> int:
+        """Prompts to draw for the next attempt; 0 when the batch is complete."""
+        if not self.policy.dynamic_sampling:
+            return self.wanted - len(self.kept)
+        if len(self.kept) >= self.wanted:
+            return 0
+        seen = len(self.kept) + len(self.filtered)
+        if self.attempts >= self.policy.max_attempts and seen >= self.wanted:
+            return 0
+        return max(self.policy.over_sampling_batch_size, 1)
+
+    def add(self, groups: Sequence[Group]) -> None:
+        """The groups of one attempt, in generation order."""
+        self.attempts += 1
+        self.prompts_drawn += len(groups)
+        for group in groups:
+            if not self.policy.dynamic_sampling or keeps(group, self.user_filter):
+                self.kept.append(group)
+            else:
+                self.filtered.append(group)
+
+    def batch(self) -> list[Group]:
+        """The first `wanted` kept groups, completed by filtered ones when short."""
+        chosen = self.kept[:self.wanted]
+        return chosen + self.filtered[:self.wanted - len(chosen)]
+
+    def numbers(self) -> dict[str, float]:
+        if not self.policy.dynamic_sampling:
+            return {}
+        return {"rollout/groups_kept": len(self.kept),
+                "rollout/groups_filtered": len(self.filtered),
+                "rollout/groups_short": max(self.wanted - len(self.kept), 0),
+                "rollout/sampling_attempts": self.attempts,
+                "rollout/prompts_drawn": self.prompts_drawn}
