@@ -36,6 +36,16 @@ def test_plan_text_names_the_actors_layer_spec(capsys, value, said):
     assert said in capsys.readouterr().out
 
 
+def test_plan_text_says_where_and_how_often_hf_folders_are_written(capsys, tmp_path):
+    tiny = str(ROOT / "specs" / "tiny_cpu.toml")
+    assert main(["plan", tiny, "--set", "checkpoint.save_hf_interval=15", "--set",
+                 f'model.save="{tmp_path}"']) == 0
+    assert (f"  HF model folder every 15 rollouts and after the last (3 folders): "
+            f"{tmp_path}/hf/rollout_XXXXXX/\n") in capsys.readouterr().out
+    assert main(["plan", tiny]) == 0
+    assert "HF model folder" not in capsys.readouterr().out
+
+
 def test_plan_json_has_the_contract_keys(capsys):
     assert main(["plan", SPEC, "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)

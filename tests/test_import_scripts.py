@@ -226,16 +226,55 @@ def test_upstream_vime_orchestration_flags_are_known_not_unknown():
     assert codes["--rollout-external"][0] == "V963"
 
 
-def test_flags_whose_keys_are_coming_are_v964_naming_the_key():
-    result = import_argv(["--advantage-estimator", "ppo", "--lr-decay-style", "cosine",
-                          "--lr-warmup-iters", "10", "--loss-type", "sft_loss"])
-    planned = {f.message.split(":")[0].split(" ")[0]: f.message for f in result.findings
-               if f.code == "V964"}
-    assert "algorithm.advantage_estimator" in planned["--advantage-estimator"]
-    assert "LR schedule" in planned["--lr-decay-style"] and "LR schedule" in \
-        planned["--lr-warmup-iters"]
-    assert "loss aggregation" in planned["--loss-type"]
-    assert "algorithm.name" not in result.values
+def test_estimator_loss_and_lr_schedule_flags_become_their_keys():
+    result = import_argv(["--advantage-estimator", "gspo", "--lr-decay-style", "cosine",
+                          "--lr-warmup-iters", "10", "--min-lr", "1e-7", "--lr-decay-iters",
+                          "300", "--loss-type", "policy_loss", "--calculate-per-token-loss"])
+    values = result.values
+    assert values["algorithm.advantage_estimator"] == "gspo"
+    assert (values["train.optimizer.lr_decay_style"], values["train.optimizer.lr_warmup_iters"],
+            values["train.optimizer.min_lr"], values["train.optimizer.lr_decay_iters"]) == \
+        ("cosine", 10, 1e-7, 300)
+    assert values["algorithm.loss_aggregation"] == "token-mean"
+    assert not [f for f in result.findings if f.code in ("V963", "V964")]
+    assert "algorithm.name" not in values
+
+
+def test_without_per_token_loss_the_spec_keeps_train_pys_per_sample_mean():
+    result = import_argv(["--advantage-estimator", "rloo"])
+    assert result.values["algorithm.loss_aggregation"] == "seq-mean-token-mean"
+    assert "--calculate-per-token-loss" in result.origins["algorithm.loss_aggregation"].flag
+
+
+def test_estimators_losses_and_schedules_vime_lacks_are_errors_naming_the_value():
+    result = import_argv(["--advantage-estimator", "ppo", "--lr-decay-style", "WSD",
+                          "--loss-type", "sft_loss", "--lr-warmup-fraction", "0.1"])
+    errors = {f.message.split(" ")[0]: f for f in result.findings if f.code == "V963"}
+    assert set(errors) >= {"--advantage-estimator", "--lr-decay-style", "--loss-type",
+                           "--lr-warmup-fraction"}
+    assert "ppo" in errors["--advantage-estimator"].message
+    assert "lr_warmup_iters" in errors["--lr-warmup-fraction"].help
+    assert all(f.severity == "error" for f in errors.values())
+    assert "algorithm.advantage_estimator" not in result.values
+
+
+def test_save_hf_writes_hf_folders_at_every_checkpoint():
+    result = import_argv(["--save", "/ckpt", "--save-interval", "20", "--save-hf",
+                          "/ckpt/hf/{rollout_id}"])
+    assert result.values["checkpoint.save_hf_interval"] == 20
+    assert not [f for f in result.findings if "--save-hf" in f.message]
+    alone = import_argv(["--save-hf", "/ckpt/hf/{rollout_id}"])
+    assert "checkpoint.save_hf_interval" not in alone.values
+    [finding] = [f for f in alone.findings if "--save-hf" in f.message]
+    assert (finding.code, finding.severity) == ("V963", "warning")
+
+
+def test_seed_script_imports_its_estimator_schedule_and_loss(capsys, tmp_path):
+    code, out, report = _import(capsys, tmp_path, "seed/run-qwen3-30B-A3B.sh")
+    spec = tomllib.loads(out.read_text())
+    assert spec["algorithm"]["advantage_estimator"] == "grpo"
+    assert spec["algorithm"]["loss_aggregation"] == "seq-mean-token-mean"
+    assert spec["train"]["optimizer"]["lr_decay_style"] == "constant"
 
 
 def test_a_reward_vime_does_not_have_is_reported_at_import():

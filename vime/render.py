@@ -226,6 +226,7 @@ def plan_text(plan: Plan) -> str:
                f"{plural(spec.rollout.num_rollout * batch.steps_per_rollout, 'optimizer step')}")
     out.append(f"  {_algorithm_line(spec)}")
     out.append(f"  {_lr_line(spec.train.optimizer)}")
+    out += _hf_lines(spec)
     out += _sampling_lines(spec)
     out += _function_lines(spec)
     out += _eval_lines(spec)
@@ -252,6 +253,17 @@ def _algorithm_line(spec) -> str:
     return (f"advantages {algo.advantage_estimator}, loss {algo.loss_aggregation}, clip "
             f"[1 − {algo.eps_clip:g}, 1 + {algo.eps_clip_high:g}]"
             + (" on the sequence ratio" if algo.advantage_estimator == "gspo" else ""))
+
+
+def _hf_lines(spec) -> list[str]:
+    """HF model folders of checkpoint.save_hf_interval (none when it is 0)."""
+    every, rollouts = spec.checkpoint.save_hf_interval, spec.rollout.num_rollout
+    if not every:
+        return []
+    count = rollouts // every + (1 if rollouts % every else 0)
+    folder = spec.model.save or f"{spec.experiment.output_dir}/{spec.experiment.name}/checkpoints"
+    return [f"  HF model folder every {plural(every, 'rollout')} and after the last "
+            f"({plural(count, 'folder')}): {folder}/hf/rollout_XXXXXX/"]
 
 
 def _lr_line(opt) -> str:

@@ -52,6 +52,7 @@ from runtime.backends.torch_train import (
     response_positions,
     sampling_top_p,
 )
+from runtime.core import hf_folder
 from runtime.core.interfaces import TrainBatch
 from runtime.core.slices import TrainSlice
 from runtime.megatron import shards, torch_dist
@@ -537,6 +538,17 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                     "adam_steps": self._adam_steps(),
                     "lr_steps": self.lr_scheduler.num_steps},
                    path / f"rng_rank{self.slice.rank}.pt")
+
+    def save_hf(self, path: Path) -> None:
+        """The full tensors gathered from every rank (a collective), written by rank 0 with
+        the writer and gather of `vime convert --to hf` (runtime/megatron/convert.py), so the
+        weights file is byte for byte the conversion of this step's torch_dist checkpoint."""
+        from runtime.megatron.convert import gather_hf
+
+        with self._weights_readable():
+            tensors = gather_hf(self.gpt, self.arch, self.slice.rank == 0)
+        if self.slice.rank == 0:
+            hf_folder.write_weights(tensors, path, dict(self.slice.model.arch))
 
     def _torch_adams(self) -> list:
         """The inner torch optimizers whose per-parameter state holds Adam's step count: torch's

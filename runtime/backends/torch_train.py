@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.backends import torch_model
-from runtime.core import algorithm, loss_head, lr_schedule
+from runtime.core import algorithm, hf_folder, loss_head, lr_schedule
 from runtime.core.interfaces import TrainBatch, TrainingBackend
 from runtime.core.slices import TrainSlice
 
@@ -371,6 +371,18 @@ class TorchTrainingBackend(TrainingBackend):
         torch.save({"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
                    path / f"rng_rank{self.slice.rank}.pt")
+
+    def save_hf(self, path: Path) -> None:
+        """Rank 0 writes the weights under HF names, in the actor's dtype, and the model's
+        transformers config (every rank holds the same weights)."""
+        if self.slice.rank != 0:
+            return
+        with self._readable():
+            tensors = {name: tensor.to("cpu", copy=True).contiguous()
+                       for name, tensor in self._hf_weights()}
+        config = self.model.config.to_dict()
+        config["use_cache"] = True  # off in training only; generation from the folder uses it
+        hf_folder.write_weights(tensors, path, config)
 
     def load(self, path: Path) -> None:
         with self._readable():

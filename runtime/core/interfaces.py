@@ -222,5 +222,18 @@ class TrainingBackend(abc.ABC):
     def load(self, path: Path) -> None:
         """Restore what save() wrote."""
 
+    def save_hf(self, path: Path) -> None:
+        """Write the current weights as an HF model folder into path (a folder that exists,
+        shared by all ranks): model.safetensors and config.json, by
+        runtime/core/hf_folder.py's write_weights, from one rank. Called on every rank (the
+        gather may be collective); works in both states.
+
+        Raises:
+            NotImplementedError: the backend cannot export HF weights (V441 says so before
+                the queue).
+        """
+        raise NotImplementedError(f"the {type(self).__name__} training backend cannot write "
+                                  "HF checkpoints")
+
     def stop(self) -> None:  # noqa: B027  (optional: most backends need nothing)
         """Release everything (the job is ending)."""

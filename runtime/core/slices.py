@@ -230,6 +230,7 @@ class JobConfig:
     reward_timeout_s: float = 300.0  # rollout.reward_timeout_s
     keep_last: int = 0  # checkpoint.keep_last
     on_corrupt: str = "stop"  # checkpoint.on_corrupt
+    save_hf_interval: int = 0  # checkpoint.save_hf_interval (0: no HF folders)
     evaluation: EvalConfig = EvalConfig()
     sampling: SamplingPolicy = SamplingPolicy()
     # colocated and both resident (plan.json colocation.mode, from train.offload and the
@@ -347,6 +348,7 @@ class JobConfig:
             reward_timeout_s=float(rollout.get("reward_timeout_s", 300.0)),
             keep_last=int(spec["checkpoint"].get("keep_last", 0)),
             on_corrupt=spec["checkpoint"].get("on_corrupt", "stop"),
+            save_hf_interval=int(spec["checkpoint"].get("save_hf_interval", 0)),
             evaluation=_eval_config(spec, spec_dir),
             sampling=_sampling_policy(rollout),
             rollout_function=rollout.get("function"),

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.core import hf_folder
 from runtime.megatron import shards, torch_dist
 from runtime.megatron.mapping import HF_LAYER, MegatronView, tensor_to_hf
 from runtime.megatron.model import build_gpt, transformer_config
@@ -216,10 +217,22 @@ def hf_to_torch_dist(hf_dir: Path, out: Path, arch: Arch, layout: dict[str, int]
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def gather_hf(model, arch: Arch, keep: bool) -> dict[str, torch.Tensor]:
+    """Every full tensor of a GPTModel under HF names, on the host: a collective (every rank
+    of the model calls it); only ranks with keep hold the result (the others get {} and keep
+    no host copy of the model)."""
+    hf: dict[str, torch.Tensor] = {}
+    for bucket in shards.gather(model, 1 << 30):
+        if not keep:
+            continue
+        for name, tensor in bucket.items():
+            hf.update({k: v.contiguous().cpu() for k, v in tensor_to_hf(name, tensor, arch).items()})
+    return hf
+
+
 def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, int],
                      config_json: dict | None = None) -> None:
     from megatron.core import dist_checkpointing
-    from safetensors.torch import save_file
 
     _init(layout)
     model = _model(arch, layout)
@@ -228,19 +241,12 @@ def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, in
     with _cpu_checkpointing():
         loaded = dist_checkpointing.load(state, str(dist_dir))
     model.load_state_dict(loaded, strict=False)
-    hf: dict[str, torch.Tensor] = {}
-    for bucket in shards.gather(model, 1 << 30):  # collective: every rank iterates
-        if _rank() != 0:
-            continue  # rank 0 alone writes: the others keep no host copy of the model
-        for name, tensor in bucket.items():
-            hf.update({k: v.contiguous().cpu() for k, v in tensor_to_hf(name, tensor, arch).items()})
+    hf = gather_hf(model, arch, _rank() == 0)
     if _rank() != 0:
         return
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file(hf, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        if config_json is not None:
-            (staging / "config.json").write_text(json.dumps(config_json, indent=1) + "\n")
+        hf_folder.write_weights(hf, staging, config_json)
         _publish(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

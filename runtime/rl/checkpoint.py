@@ -3,6 +3,8 @@
     <save dir>/rollout_000019/       train/ (what each rank's backend wrote), state.json,
                                      vime_checkpoint.json
     <save dir>/latest                "rollout_000019"
+    <save dir>/hf/rollout_000019/    model.safetensors, config.json, tokenizer files
+                                     (checkpoint.save_hf_interval; `save_hf`)
 
 A checkpoint is written into `.partial-rollout_000019-<random>/`, every file flushed to
 disk, and then renamed into place (a rename within a folder is atomic on POSIX file
@@ -45,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.core import hf_folder
 from runtime.core.slices import JobConfig
 from vime import __version__, run_checkpoint
 from vime.resolve.model import arch_from_config
@@ -53,6 +56,7 @@ STATE = run_checkpoint.STATE_FILE
 LATEST = run_checkpoint.LATEST_FILE
 FORMAT = 1
 PARTIAL = ".partial-"
+HF_DIR = "hf"  # HF model folders (checkpoint.save_hf_interval), beside the checkpoints
 # free space asked for before a save, as a multiple of the previous save's size (a save is
 # written beside the previous checkpoint before that one can be removed by keep_last)
 SPACE_MARGIN = 1.1
@@ -78,6 +82,13 @@ def record_of(config: JobConfig) -> dict:
     """The vime_checkpoint.json of this job's checkpoints: its model, backend and layout."""
     return run_checkpoint.record(arch_from_config(dict(config.model.arch)), config.train_backend,
                                  {**config.parallel, "ranks": len(config.ranks)}, __version__)
+
+
+def hf_due(config: JobConfig, rollout_id: int) -> bool:
+    """Whether rollout_id's weights go to an HF folder: every checkpoint.save_hf_interval
+    rollouts and after the last (0: never)."""
+    every = config.save_hf_interval
+    return every > 0 and ((rollout_id + 1) % every == 0 or rollout_id + 1 == config.num_rollout)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -428,13 +439,85 @@ class Checkpoints:
         """prepare, then commit."""
         return self.commit(self.prepare(rollout_id, train, state, record))
 
+    # ------------------------------------------------------------------------- HF folders
+
+    @property
+    def hf_dir(self) -> Path:
+        return self.save_dir / HF_DIR
+
+    def hf_folders(self) -> list[Path]:
+        """The complete HF folders of the save folder, oldest first."""
+        try:
+            entries = list(self.hf_dir.iterdir())
+        except OSError:
+            return []
+        return sorted(p for p in entries if p.name.startswith("rollout_") and p.is_dir())
+
+    def save_hf(self, rollout_id: int, train, hf_checkpoint: str | None,
+                tokenizer=None) -> Path:
+        """The actor's weights as an HF model folder, <save dir>/hf/rollout_XXXXXX/:
+        train.save_hf writes model.safetensors and config.json into a `.partial-*` folder;
+        the tokenizer files and config.json of hf_checkpoint are copied beside them (the
+        run's tokenizer saved instead when that folder holds none); then fsync and a rename.
+        Free space is checked first against the previous HF folder; checkpoint.keep_last
+        bounds these folders as it bounds checkpoints. A folder of the same rollout (a
+        resumed run) is replaced.
+
+        Raises:
+            CheckpointError: no space (said so), or the folder cannot be written.
+        """
+        self.hf_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.hf_dir.glob(f"{PARTIAL}*"):
+            if partial_is_stale(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+        previous = self.hf_folders()
+        self.check_space(_tree_bytes(previous[-1]) if previous else 0)
+        final = self.hf_dir / self.name(rollout_id)
+        partial = self.hf_dir / _partial_name(final.name)
+        try:
+            partial.mkdir()
+            train.save_hf(partial)
+            if hf_checkpoint and (Path(hf_checkpoint) / hf_folder.CONFIG_FILE).is_file():
+                shutil.copyfile(Path(hf_checkpoint) / hf_folder.CONFIG_FILE,
+                                partial / hf_folder.CONFIG_FILE)
+            copied = hf_folder.copy_tokenizer(Path(hf_checkpoint or ""), partial)
+            if not copied and hasattr(tokenizer, "save_pretrained"):
+                tokenizer.save_pretrained(str(partial))
+            if not (partial / hf_folder.WEIGHTS_FILE).is_file():
+                raise CheckpointError(f"the HF folder of rollout {rollout_id} has no "
+                                      f"{hf_folder.WEIGHTS_FILE}: the training backend wrote "
+                                      "none")
+            _fsync_tree(partial)
+        except BaseException as err:
+            full = isinstance(err, Exception) and disk_full(err, _free_bytes(self.hf_dir))
+            shutil.rmtree(partial, ignore_errors=True)
+            if full:
+                raise no_space(self.hf_dir) from err
+            if isinstance(err, OSError):
+                raise CheckpointError(f"cannot write the HF folder {final}: "
+                                      f"{err.strerror or err} ({err.filename or partial})") \
+                    from err
+            raise
+        if final.exists():
+            old = self.hf_dir / _partial_name(f"old-{final.name}")
+            os.rename(final, old)
+            os.rename(partial, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(partial, final)
+        _fsync_dir(self.hf_dir)
+        self._keep_last_of(self.hf_folders(), final, self.hf_dir)
+        return final
+
     def _apply_keep_last(self, newest: Path) -> None:
+        self._keep_last_of(self.complete(self.save_dir), newest, self.save_dir)
+
+    def _keep_last_of(self, kept: list[Path], newest: Path, folder: Path) -> None:
         if self.keep_last < 1:
             return
-        kept = self.complete(self.save_dir)
         for old in kept[:-self.keep_last]:
             if old != newest:
-                gone = self.save_dir / _partial_name(f"old-{old.name}")
+                gone = folder / _partial_name(f"old-{old.name}")
                 try:
                     os.rename(old, gone)  # invisible first: a reader never meets half of it
                 except OSError:

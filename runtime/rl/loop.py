@@ -14,6 +14,7 @@ colocated (the engines and the actor share the GPUs and take turns):
     old log-probs (actor), reference log-probs (when kl_loss_coef > 0)
     steps_per_rollout optimizer steps of global_batch_size samples
     checkpoint (every checkpoint.save_interval rollouts, and after the last)
+    HF model folder (every checkpoint.save_hf_interval rollouts, and after the last)
     actor offload                                 engines wake weights
     weights version v+1 pushed to every engine    engines wake KV cache
 
@@ -38,7 +39,7 @@ from runtime.core import algorithm
 from runtime.core.interfaces import GenerationRequest, SamplingParams, TrainBatch
 from runtime.core.slices import JobConfig
 from runtime.rl import custom_rollout, guards, rewards
-from runtime.rl.checkpoint import Checkpoints, record_of
+from runtime.rl.checkpoint import Checkpoints, hf_due, record_of
 from runtime.rl.data import PromptSampler, request_seed
 from runtime.rl.evaluation import Evaluator
 from runtime.rl.metrics import MetricsLogger
@@ -314,6 +315,10 @@ class GRPOLoop:
                 self.pending_save = self.checkpoints.prepare(rollout_id, self.train, {
                     "next_rollout": rollout_id + 1, "weight_version": self.version + 1,
                     "data": self.sampler.state_dict()}, record=record_of(config))
+        if hf_due(config, rollout_id):
+            with timer.phase("save_hf"):
+                self.checkpoints.save_hf(rollout_id, self.train, config.model.hf_checkpoint,
+                                         self.tokenizer)
 
         if config.takes_turns:
             with timer.phase("offload"):

@@ -178,6 +178,9 @@ class TrainWorker(_Host):
     def load(self, path) -> None:
         self.backend.load(path)
 
+    def save_hf(self, path) -> None:
+        self.backend.save_hf(path)
+
 
 class RolloutWorker(_Host):
     """Host of one rollout engine, or of one vLLM data-parallel rank of an engine. The host
@@ -378,6 +381,9 @@ class TrainGroup:
 
     def load(self, path) -> None:
         _call_all(self.workers, "load", path)
+
+    def save_hf(self, path) -> None:
+        _call_all(self.workers, "save_hf", path)
 
     def resident_bytes(self) -> int:
         return sum(_call_all(self.workers, "resident_bytes"))

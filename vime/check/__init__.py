@@ -8,6 +8,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     cluster,
     engine_flags,
     files,
+    hf_export,
     install,
     layout,
     memory,

@@ -71,6 +71,7 @@ def import_words(words: list[Word], name: str, source: str, environ: dict[str, s
     _eval(mapped)
     _dynamic_sampling(mapped)
     _offload(mapped)
+    _save_hf(mapped)
     if mapped.extra_args:
         mapped.values["inference.extra_args"] = list(mapped.extra_args)
     for dotted, (default, flag, whose) in table.UPSTREAM_DEFAULTS.items():
@@ -370,6 +371,25 @@ def _offload(mapped: Mapped) -> None:
         f"engines {'sleep' if rollout else 'stay awake'}; vime's train.offload moves both or "
         "neither, and its \"auto\" keeps both resident when they fit", first.file, first.line,
         "train.offload = \"always\" or \"never\" if auto's choice is not what you want"))
+
+
+def _save_hf(mapped: Mapped) -> None:
+    """--save-hf PATH: train.py writes an HF folder with every checkpoint, so the interval is
+    --save-interval's; without it train.py saves neither (and neither does the spec)."""
+    path = mapped.values.get("checkpoint.save_hf_interval")
+    if not isinstance(path, str):
+        return
+    origin = mapped.origins["checkpoint.save_hf_interval"]
+    interval = mapped.values.get("checkpoint.save_interval")
+    if isinstance(interval, int):
+        mapped.set("checkpoint.save_hf_interval", interval,
+                   Origin(f"--save-hf with --save-interval {interval}", origin.file, origin.line))
+        return
+    del mapped.values["checkpoint.save_hf_interval"], mapped.origins["checkpoint.save_hf_interval"]
+    mapped.report("V963", f"--save-hf {path}: without --save-interval train.py saves no "
+                  "checkpoint and so no HF folder", Word(path, origin.file, origin.line),
+                  "give --save-interval, or set checkpoint.save_hf_interval in the spec",
+                  "warning")
 
 
 __all__ = ["ImportResult", "import_argv", "import_script", "Unknown"]

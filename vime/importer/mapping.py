@@ -90,6 +90,10 @@ def _convert(row: table.Flag, flag: str, words: tuple[Word, ...]):
     """The spec value of a flag's words; raises ValueError with a message for bad ones."""
     texts = [w.value for w in words]
     kind = row.value
+    if kind.startswith("set:"):
+        if texts:
+            raise ValueError(f"{flag} takes no value; it was given {' '.join(map(str, texts))!r}")
+        return kind.removeprefix("set:")
     if kind in ("true", "false"):
         if texts:
             raise ValueError(f"{flag} is a switch; it was given {' '.join(map(str, texts))!r}")
@@ -128,6 +132,8 @@ def _convert(row: table.Flag, flag: str, words: tuple[Word, ...]):
             raise ValueError(f"{flag} {text}: vime has "
                              f"{', '.join(sorted(set((row.choices or {}).values())))} only")
         return row.choices[text]
+    if kind == "save_hf":  # the path; the interval is --save-interval's (importer._save_hf)
+        return text
     if kind == "reward_name":
         from vime.rewards import BUILTIN_REWARDS
 

@@ -29,7 +29,7 @@ class Flag:
     kind: str  # key | arch | cluster | joint | derived | not_yet | none
     key: str = ""  # key / arch / cluster / joint: the spec key; not_yet: the key it will be
     value: str = "str"  # str int float true false ints choice reward reward_name function json
-    # layer_freq pairs
+    # layer_freq pairs save_hf, set:VALUE (a switch that sets the key to VALUE)
     severity: str = "error"  # derived/not_yet/none: the diagnostic's severity
     why: str = ""  # the report's explanation and the docs' text
     expect: tuple[str, ...] = ()  # derived: the values vime uses
@@ -140,17 +140,22 @@ FLAGS: tuple[Flag, ...] = (
     key("--use-precision-aware-optimizer", "train.optimizer.precision_aware", "true",
         source="megatron"),
     derived("--optimizer", "vime's actor uses Adam (AdamW with weight decay)", ("adam",)),
-    derived("--lr-decay-style", "vime's learning rate is constant", ("constant",),
-            beyond="train.optimizer (LR schedule keys)"),
-    not_yet(("--lr-warmup-iters", "--lr-warmup-fraction", "--lr-warmup-init", "--min-lr",
-             "--lr-decay-iters", "--lr-warmup-samples", "--lr-decay-samples"),
-            "train.optimizer (LR schedule keys)",
-            "a learning-rate schedule is being added to vime's [train.optimizer]; until then "
-            "the rate is constant", source="megatron"),
+    key("--lr-decay-style", "train.optimizer.lr_decay_style", "choice", source="megatron",
+        choices={"constant": "constant", "linear": "linear", "cosine": "cosine"},
+        why="inverse-square-root and WSD have no equivalent"),
+    key("--lr-warmup-iters", "train.optimizer.lr_warmup_iters", "int", source="megatron"),
+    key("--min-lr", "train.optimizer.min_lr", "float", source="megatron"),
+    key("--lr-decay-iters", "train.optimizer.lr_decay_iters", "int", source="megatron"),
+    derived("--lr-warmup-init", "vime's warmup starts from a learning rate of 0", ("0", "0.0")),
+    none(("--lr-warmup-fraction", "--lr-warmup-samples", "--lr-decay-samples"),
+         "vime counts the schedule in optimizer steps: set train.optimizer.lr_warmup_iters and "
+         "lr_decay_iters (a fraction of the run: that fraction of rollout.num_rollout × "
+         "train.steps_per_rollout)", source="megatron"),
     # algorithm
-    key("--advantage-estimator", "algorithm.name", "choice", choices={"grpo": "grpo"},
-        why="grpo; the other estimators are not yet in vime (V964)",
-        beyond="algorithm.advantage_estimator"),
+    key("--advantage-estimator", "algorithm.advantage_estimator", "choice",
+        choices={name: name for name in ("grpo", "gspo", "reinforce_plus_plus",
+                                         "reinforce_plus_plus_baseline", "rloo")},
+        why="ppo (a critic) and cispo have no equivalent"),
     key("--eps-clip", "algorithm.eps_clip", "float"),
     key("--eps-clip-high", "algorithm.eps_clip_high", "float"),
     key("--kl-loss-coef", "algorithm.kl_loss_coef", "float",
@@ -164,10 +169,12 @@ FLAGS: tuple[Flag, ...] = (
     key("--use-tis", "algorithm.tis", "true"),
     key("--tis-clip", "algorithm.tis_clip", "float"),
     key("--tis-clip-low", "algorithm.tis_clip_low", "float"),
-    not_yet("--loss-type", "algorithm (loss aggregation)",
-            "the loss aggregation is being added to vime's [algorithm]"),
-    not_yet("--calculate-per-token-loss", "algorithm (loss aggregation)",
-            "the loss aggregation is being added to vime's [algorithm]", source="megatron"),
+    derived("--loss-type", "vime trains with the policy-gradient loss; SFT and custom losses "
+            "have no equivalent", ("policy_loss",), source="slime"),
+    key("--calculate-per-token-loss", "algorithm.loss_aggregation", "set:token-mean",
+        source="megatron",
+        why="the mean over the step's response tokens; without the flag train.py takes each "
+            "sample's token mean, then the mean over samples (seq-mean-token-mean)"),
     # dynamic sampling (vime/importer/__init__.py's _dynamic_sampling reads the filter)
     key("--dynamic-sampling-filter-path", "rollout.dynamic_sampling_filter", "function",
         why="slime's or upstream vime's check_reward_nonzero_std is rollout.dynamic_sampling = "
@@ -325,7 +332,9 @@ FLAGS: tuple[Flag, ...] = (
     none("--num-epoch", "set rollout.num_rollout: the number of rollouts the run makes"),
     none("--train-memory-margin-bytes", "vime's memory plan (`vime plan`) checks the actor's "
          "room before the run", severity="warning", source="vime"),
-    none(("--save-hf",), "convert a checkpoint with `vime convert --to hf`", severity="warning"),
+    key("--save-hf", "checkpoint.save_hf_interval", "save_hf",
+        why="HF folders at every checkpoint (--save-interval), as train.py writes them, in "
+            "<save folder>/hf/rollout_XXXXXX/ rather than the flag's path"),
 )
 
 # What a flag's absence means upstream, where vime's default differs (written to the spec so it
@@ -333,6 +342,8 @@ FLAGS: tuple[Flag, ...] = (
 # whose default it is).
 UPSTREAM_DEFAULTS: dict[str, tuple[object, str, str]] = {
     "data.shuffle": (False, "--rollout-shuffle", "train.py's"),
+    "algorithm.loss_aggregation": ("seq-mean-token-mean", "--calculate-per-token-loss",
+                                   "train.py's per-sample mean"),
     "train.dynamic_batch": (False, "--use-dynamic-batch-size", "train.py's"),
     "train.optimizer.adam_beta2": (0.999, "--adam-beta2", "Megatron's"),
     "train.optimizer.weight_decay": (0.01, "--weight-decay", "Megatron's"),

@@ -238,6 +238,7 @@ class Checkpoint:
     save_interval: int
     keep_last: int
     on_corrupt: str
+    save_hf_interval: int
 
 
 @dataclass(frozen=True)
