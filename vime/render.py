@@ -228,11 +228,24 @@ def plan_text(plan: Plan) -> str:
     out.append(f"  {_lr_line(spec.train.optimizer)}")
     out += _hf_lines(spec)
     out += _sampling_lines(spec)
+    out += _function_lines(spec)
     out += _eval_lines(spec)
     out += _memory_text(plan)
     out += _colocation_text(plan)
     out += _forecast_text(plan)
     return "\n".join(out) + "\n"
+
+
+def _function_lines(spec) -> list[str]:
+    """The rollout function and its limits: what bounds a multi-turn sample."""
+    roll = spec.rollout
+    if not roll.function:
+        return []
+    turns = roll.max_turns or 8
+    return [f"  rollout function {roll.function}: ≤ {plural(turns, 'turn')} of ≤ "
+            f"{roll.max_response_len} tokens, ≤ {roll.sample_tokens} tokens after",
+            f"    the prompt (engines' max_model_len {roll.max_prompt_len} + "
+            f"{spec.max_model_len - roll.max_prompt_len} = {spec.max_model_len})"]
 
 
 def _algorithm_line(spec) -> str:

@@ -217,6 +217,8 @@ class TorchTrainingBackend(TrainingBackend):
             log_probs, entropy, mask = self._response_terms(batch, indices)
             if padding:
                 mask = torch.zeros_like(mask)
+            elif batch.loss_mask is not None:  # tool and environment tokens are context
+                mask = mask & (padded(batch.loss_mask, indices, width) > 0)
             loss, stats = algorithm.policy_loss(
                 log_probs, old, advantages, mask, batch.step_response_tokens, self.slice.loss,
                 ref_log_probs=ref, rollout_log_probs=rollout, entropy=entropy,

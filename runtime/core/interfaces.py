@@ -56,12 +56,16 @@ class Generation:
         top-k]: the experts each token was routed to when it was fed to the model (the last
         token never is), slime's R3 layout and vLLM's (runtime/megatron/routing.py lays it out for
         Megatron's routers); None otherwise.
+    loss_mask: from a rollout function (runtime/rl/custom_rollout.py), per token 1 where the
+        policy wrote it, 0 for tool output between its turns (whose log_probs are 0.0);
+        None: every token is the policy's.
     """
 
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: Literal["stop", "length"]
     routed_experts: np.ndarray | None = None
+    loss_mask: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,9 @@ class RolloutBackend(abc.ABC):
 @dataclass
 class TrainBatch:
     """Samples for one call, columnar. Token lists hold prompt + response; every per-token
-    list (log-probs) covers the response tokens only."""
+    list (log-probs, loss mask) covers the response tokens only. A rollout function's
+    "response" is everything after the prompt: the turns the policy wrote and the tool
+    output between them, which loss_mask marks 0 (context: fed to the model, not trained)."""
 
     tokens: list[list[int]]
     prompt_lens: list[int]
@@ -127,6 +133,9 @@ class TrainBatch:
     old_log_probs: list[list[float]] | None = None
     ref_log_probs: list[list[float]] | None = None
     routed_experts: list[np.ndarray] | None = None
+    # per response token, 1 where the policy wrote it (trained) and 0 for tool or environment
+    # output (context); None: every response token trains
+    loss_mask: list[list[int]] | None = None
     # response tokens of the whole optimizer step over every rank: the loss divides by it
     step_response_tokens: int | None = None
     # samples of the whole optimizer step over every rank: the sequence-level loss
@@ -139,6 +148,12 @@ class TrainBatch:
     def response_lens(self) -> list[int]:
         return [len(t) - p for t, p in zip(self.tokens, self.prompt_lens, strict=True)]
 
+    def trained_tokens(self) -> list[int]:
+        """Per sample, the response tokens the loss counts (loss_mask's ones)."""
+        if self.loss_mask is None:
+            return self.response_lens()
+        return [sum(row) for row in self.loss_mask]
+
     def select(self, indices: Sequence[int]) -> TrainBatch:
         def pick(column):
             return None if column is None else [column[i] for i in indices]
@@ -147,7 +162,7 @@ class TrainBatch:
             tokens=pick(self.tokens), prompt_lens=pick(self.prompt_lens),
             advantages=pick(self.advantages), rollout_log_probs=pick(self.rollout_log_probs),
             old_log_probs=pick(self.old_log_probs), ref_log_probs=pick(self.ref_log_probs),
-            routed_experts=pick(self.routed_experts),
+            routed_experts=pick(self.routed_experts), loss_mask=pick(self.loss_mask),
             step_response_tokens=self.step_response_tokens, step_samples=self.step_samples)
 
 

@@ -150,6 +150,7 @@ class DataConfig:
     shuffle: bool
     max_prompt_len: int
     seed: int
+    metadata_keys: tuple[str, ...] = ()  # data.metadata_keys
 
 
 @dataclass(frozen=True)
@@ -235,12 +236,25 @@ class JobConfig:
     # colocated and both resident (plan.json colocation.mode, from train.offload and the
     # memory plan: vime/plan/colocation.py): no offload, no sleep
     resident: bool = False
+    # rollout.function ("module:function", None: single-turn generation) and its limits
+    rollout_function: str | None = None
+    max_turns: int = 8
+    max_total_tokens: int = 0  # 0: max_response_len
+    function_timeout_s: float = 600.0
 
     @property
     def takes_turns(self) -> bool:
         """Colocated and not resident: the actor offloads and the engines sleep while the other
         side computes."""
         return self.colocate and not self.resident
+
+    @property
+    def sample_tokens(self) -> int:
+        """The most tokens after the prompt of one sample (every turn and tool output of a
+        rollout function together)."""
+        if self.rollout_function and self.max_total_tokens:
+            return self.max_total_tokens
+        return self.max_response_len
 
     # ------------------------------------------------------------------------------ build
 
@@ -285,7 +299,8 @@ class JobConfig:
                 input_key=data["input_key"], label_key=data["label_key"],
                 apply_chat_template=bool(data["apply_chat_template"]),
                 shuffle=bool(data.get("shuffle", True)),
-                max_prompt_len=int(rollout["max_prompt_len"]), seed=int(exp["seed"])),
+                max_prompt_len=int(rollout["max_prompt_len"]), seed=int(exp["seed"]),
+                metadata_keys=tuple(data.get("metadata_keys") or ())),
             loss=LossConfig(
                 eps_clip=float(algo["eps_clip"]), eps_clip_high=float(algo["eps_clip_high"]),
                 kl_loss_coef=float(algo["kl_loss_coef"]),
@@ -336,6 +351,10 @@ class JobConfig:
             save_hf_interval=int(spec["checkpoint"].get("save_hf_interval", 0)),
             evaluation=_eval_config(spec, spec_dir),
             sampling=_sampling_policy(rollout),
+            rollout_function=rollout.get("function"),
+            max_turns=int(rollout.get("max_turns") or 8),
+            max_total_tokens=int(rollout.get("max_total_tokens") or 0),
+            function_timeout_s=float(rollout.get("function_timeout_s") or 600.0),
         )
 
     # ----------------------------------------------------------------------------- slices
@@ -365,9 +384,10 @@ class JobConfig:
     @property
     def max_model_len(self) -> int:
         """The engines' context: the longest prompt plus the longest response of the rollout
-        and of the evaluation datasets (vime/resolve/spec.py, Spec.max_model_len)."""
+        (a rollout function's: max_total_tokens) and of the evaluation datasets
+        (vime/resolve/spec.py, Spec.max_model_len)."""
         return self.data.max_prompt_len + max(
-            [self.max_response_len, *(d.max_response_len for d in self.evaluation.datasets)])
+            [self.sample_tokens, *(d.max_response_len for d in self.evaluation.datasets)])
 
     def engine_slice(self, index: int, cpu_threads: int,
                      bundles: tuple[int, ...] = ()) -> EngineSlice:

@@ -68,7 +68,21 @@ def job_loop(config: JobConfig, train, rollout, metrics, log=log):
     prompts, _dropped = read_prompts(config.data, tokenizer)
     return GRPOLoop(config, train, rollout,
                     PromptSampler(prompts, config.seed, config.data.shuffle), tokenizer,
-                    rewards.load(config.reward, spec_dir_of(config.job_dir)), metrics, checkpoints_of(config, log), log=log)
+                    rewards.load(config.reward, spec_dir_of(config.job_dir)), metrics,
+                    checkpoints_of(config, log), log=log, rollout_fn=rollout_function(config))
+
+
+def rollout_function(config: JobConfig):
+    """rollout.function's function, or None for single-turn generation.
+
+    Raises:
+        ValueError: it cannot be imported or is not an async function.
+    """
+    if not config.rollout_function:
+        return None
+    from runtime.rl import custom_rollout
+
+    return custom_rollout.load(config.rollout_function, spec_dir_of(config.job_dir))
 
 
 def checkpoints_of(config: JobConfig, log=log) -> Checkpoints:
@@ -125,6 +139,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     for kind, name in (("training", config.train_backend), ("rollout", config.rollout_backend)):
         backends.reference(kind, name)  # fails now, with the issue number, if not written yet
     reward_fn = rewards.load(config.reward, spec_dir_of(config.job_dir))
+    rollout_fn = rollout_function(config)
     tokenizer = load_tokenizer(config)
     prompts, dropped = read_prompts(config.data, tokenizer)
     log(f"vime: {len(prompts)} prompts from {config.data.prompt_data}"
@@ -150,7 +165,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
                             config.wandb_project, config.wandb_group,
                             config=dict(config.resolved), print_fn=log)
     loop = GRPOLoop(config, train, rollout, sampler, tokenizer, reward_fn, metrics, checkpoints,
-                    log=log)
+                    log=log, rollout_fn=rollout_fn)
     restored = loop.restore()
 
     def restore_weights(engines) -> None:

@@ -9,7 +9,8 @@ Ray starts: otherwise a missing prompt file is found after the queue wait and Ra
   code (V907, a warning: the module may be installed on the cluster only). Imported here, in
   the head's own process, where the driver imports it anyway (runtime/rl/rewards.py): the
   same module a little earlier, with the driver's own message. A misspelt built-in name is
-  V906 at compile time and never reaches a job.
+  V906 at compile time and never reaches a job. The same for rollout.function (V930), which
+  must also be an `async def`.
 - the same for each [[eval.datasets]] table's prompt_data and reward, and for
   rollout.dynamic_sampling_filter when dynamic sampling is on.
 
@@ -32,7 +33,7 @@ import tomllib
 from pathlib import Path
 
 from runtime.core.slices import _path, _spec_dir
-from runtime.rl import rewards, sampling
+from runtime.rl import custom_rollout, rewards, sampling
 from runtime.rl.checkpoint import CheckpointError, Checkpoints
 from vime import doctor
 
@@ -95,6 +96,19 @@ def reward_problem(name: str, spec_dir: str | None = None) -> str | None:
     return None
 
 
+def function_problem(name: str | None, spec_dir: str | None = None) -> str | None:
+    """None when rollout.function is unset or imports as an async function."""
+    if not name:
+        return None
+    try:
+        custom_rollout.load(name, spec_dir)
+    except ValueError as err:
+        return str(err)
+    except Exception as err:  # the module's own code failed on import
+        return f"rollout.function = {name!r}: importing it failed: {type(err).__name__}: {err}"
+    return None
+
+
 def save_dir_problem(save: str | None, spec_dir: Path, experiment_dir: Path) -> str | None:
     """None when the checkpoint folder can be written and has room for the next save."""
     folder = _path(save, spec_dir) if save else Path(experiment_dir) / "checkpoints"
@@ -140,6 +154,7 @@ def check_job(job_dir: Path) -> None:
     problem = (prompt_data_problem(data["prompt_data"], spec_dir, data["input_key"],
                                    data["label_key"])
                or reward_problem(spec["rollout"]["reward"], spec_dir_of(job_dir))
+               or function_problem(spec["rollout"].get("function"), spec_dir_of(job_dir))
                or save_dir_problem(spec["model"].get("save"), spec_dir, job_dir.parent)
                or eval_and_filter_problem(spec, spec_dir, spec_dir_of(job_dir)))
     if problem:

@@ -30,6 +30,7 @@ class Prompt:
     text: str  # what the model sees, after the chat template
     token_ids: tuple[int, ...]
     label: object
+    metadata: dict | None = None  # the row's data.metadata_keys, for a rollout function
 
 
 def render(raw, tokenizer, apply_chat_template: bool) -> str:
@@ -54,16 +55,18 @@ def read_prompts(config: DataConfig, tokenizer) -> tuple[list[Prompt], int]:
                 raise ValueError(f"{config.prompt_data}:{number + 1}: not JSON: {err}") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{config.prompt_data}:{number + 1}: not a JSON object")
-            for key in (config.input_key, config.label_key):
+            for key in (config.input_key, config.label_key, *config.metadata_keys):
                 if key not in row:
                     raise ValueError(f"{config.prompt_data}:{number + 1}: no key {key!r} "
-                                     f"(data.input_key / data.label_key); it has {sorted(row)}")
+                                     f"(data.input_key / data.label_key / data.metadata_keys); it has "
+                                     f"{sorted(row)}")
             text = render(row[config.input_key], tokenizer, config.apply_chat_template)
             ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
             if len(ids) > config.max_prompt_len:
                 dropped += 1
                 continue
-            prompts.append(Prompt(number, text, ids, row[config.label_key]))
+            prompts.append(Prompt(number, text, ids, row[config.label_key],
+                                  {key: row[key] for key in config.metadata_keys}))
     if not prompts:
         raise ValueError(f"{config.prompt_data}: no prompt of at most rollout.max_prompt_len = "
                          f"{config.max_prompt_len} tokens ({dropped} longer ones dropped)")

@@ -92,8 +92,8 @@ class Evaluator:
                 f"{dataset.data.prompt_data}"
                 + (f" ({dropped} longer than rollout.max_prompt_len dropped)" if dropped else ""))
             self.sets.append(EvalSet(dataset, index, tuple(prompts),
-                                     rewards.RewardCaller(rewards.load(dataset.reward),
-                                                          reward_timeout_s, log)))
+                                     rewards.caller(rewards.load(dataset.reward),
+                                                    reward_timeout_s, log)))
 
     def due(self, rollout_id: int, num_rollout: int) -> bool:
         """Whether to evaluate the weights rollout `rollout_id` generates with (rollout
@@ -119,16 +119,16 @@ class Evaluator:
                                 max_new_tokens=dataset.max_response_len,
                                 stop_token_ids=self.stop_ids)
         generations = rollout.generate(requests, params)
-        scores, correct = [], []
+        samples, calls = [], []
         for index, generation in enumerate(generations):
             prompt = eval_set.prompts[index // n]
-            text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-            sample = rewards.Sample(rollout_id, index, prompt.index + 1,
-                                    f"{dataset.data.prompt_data} (eval {dataset.name})")
-            score, extra = eval_set.reward_fn(sample, prompt=prompt.text, response=text,
-                                              label=prompt.label)
-            scores.append(score)
-            correct.append(is_correct(score, extra))
+            samples.append(rewards.Sample(rollout_id, index, prompt.index + 1,
+                                          f"{dataset.data.prompt_data} (eval {dataset.name})"))
+            calls.append({"prompt": prompt.text, "label": prompt.label, "response":
+                          self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)})
+        scored = eval_set.reward_fn.score_many(samples, calls)  # a reward server: in batches
+        scores = [score for score, _extra in scored]
+        correct = [is_correct(score, extra) for score, extra in scored]
         return summarise(dataset.name, n, scores, correct,
                          [len(g.token_ids) for g in generations],
                          [g.finish_reason == "length" for g in generations])

@@ -38,7 +38,7 @@ import torch
 from runtime.core import algorithm
 from runtime.core.interfaces import GenerationRequest, SamplingParams, TrainBatch
 from runtime.core.slices import JobConfig
-from runtime.rl import guards, rewards
+from runtime.rl import custom_rollout, guards, rewards
 from runtime.rl.checkpoint import Checkpoints, hf_due, record_of
 from runtime.rl.data import PromptSampler, request_seed
 from runtime.rl.evaluation import Evaluator
@@ -50,11 +50,14 @@ from runtime.rl.sampling import Group, Refill, load_filter, mask_overlong, overl
 MAX_LOGPROB_GAP = 0.5
 
 
-def logprob_gap(actor: list[list[float]], engine: list[list[float]]) -> dict[str, float]:
+def logprob_gap(actor: list[list[float]], engine: list[list[float]],
+                loss_mask: list[list[int]] | None = None) -> dict[str, float]:
     """The gap between the actor's log-probs of the sampled tokens (on the weights the engine
-    generated with) and the engine's own: mean and max of |difference| per response token."""
-    diffs = [abs(a - e) for row_a, row_e in zip(actor, engine, strict=True)
-             for a, e in zip(row_a, row_e, strict=True)]
+    generated with) and the engine's own: mean and max of |difference| per response token
+    the policy wrote (loss_mask's ones: a tool's tokens have no engine log-prob)."""
+    masks = loss_mask or [[1] * len(row) for row in actor]
+    diffs = [abs(a - e) for row_a, row_e, row_m in zip(actor, engine, masks, strict=True)
+             for a, e, m in zip(row_a, row_e, row_m, strict=True) if m]
     if not diffs:
         return {"rollout/logprob_abs_diff": 0.0, "rollout/logprob_abs_diff_max": 0.0}
     return {"rollout/logprob_abs_diff": statistics.fmean(diffs),
@@ -77,7 +80,7 @@ class Timer:
 class GRPOLoop:
     def __init__(self, config: JobConfig, train, rollout, sampler: PromptSampler, tokenizer,
                  reward_fn: Callable, metrics: MetricsLogger, checkpoints: Checkpoints,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, rollout_fn: Callable | None = None):
         self.config, self.train, self.rollout = config, train, rollout
         self.sampler, self.tokenizer, self.reward_fn = sampler, tokenizer, reward_fn
         self.metrics, self.checkpoints, self.log = metrics, checkpoints, log
@@ -95,7 +98,12 @@ class GRPOLoop:
                              else None)
         self.version = 0
         self.next_rollout = 0
-        self.score = rewards.RewardCaller(reward_fn, config.reward_timeout_s, log)
+        self.score = rewards.caller(reward_fn, config.reward_timeout_s, log)
+        # rollout.function: multi-turn samples from the user's function (custom_rollout.py)
+        self.custom = None if rollout_fn is None else custom_rollout.CustomRollout(
+            rollout_fn, self.rollout.generate, tokenizer, self.params, config.max_turns,
+            config.sample_tokens, config.function_timeout_s)
+        self.turns: list[int] = []  # a rollout function's turns per sample, this rollout
         self.pending_save = None  # prepared in one_rollout, committed after its metrics line
 
     # --------------------------------------------------------------------------- resume
@@ -159,18 +167,15 @@ class GRPOLoop:
 
     # --------------------------------------------------------------------------- sample
 
-    def score_group(self, rollout_id: int, first_sample: int, prompt, requests,
-                    generations) -> Group:
-        """One prompt's samples (the rollout's `first_sample` onwards) scored: the reward, then
-        the overlong penalty when rollout.overlong = "penalty"."""
+    def score_group(self, prompt, requests, generations,
+                    scored: list[tuple[float, dict]]) -> Group:
+        """One prompt's samples with their (reward, extras): the overlong penalty added when
+        rollout.overlong = "penalty"."""
         policy, group = self.config.sampling, Group(prompt, requests, generations, [], [])
-        for j, generation in enumerate(generations):
-            text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-            value, extra = self.score(self.describe_sample(rollout_id, prompt, first_sample + j),
-                                      prompt=prompt.text, response=text, label=prompt.label)
+        for generation, (value, extra) in zip(generations, scored, strict=True):
             group.rewards.append(value)
             if policy.overlong == "penalty":
-                value += overlong_penalty(len(generation.token_ids), self.config.max_response_len,
+                value += overlong_penalty(len(generation.token_ids), self.config.sample_tokens,
                                           policy.overlong_buffer_len,
                                           policy.overlong_penalty_factor)
             group.scores.append(value)
@@ -178,12 +183,35 @@ class GRPOLoop:
                 group.extras.setdefault(key, []).append(number)
         return group
 
+    def score_samples(self, rollout_id: int, first_sample: int, prompts, generations,
+                      returned: list) -> list[tuple[float, dict]]:
+        """(reward, extras) per sample of an attempt (the rollout's `first_sample` onwards):
+        what a rollout function returned, checked, else the spec's reward (one batch for a
+        reward server)."""
+        n = self.config.samples_per_prompt
+        scored = {i: rewards.score(r) for i, r in enumerate(returned) if r is not None}
+        to_score = [i for i in range(len(generations)) if i not in scored]
+        calls = []
+        for index in to_score:
+            prompt = prompts[index // n]
+            call = {"prompt": prompt.text, "label": prompt.label, "response":
+                    self.tokenizer.decode(generations[index].token_ids, skip_special_tokens=True)}
+            if self.config.data.metadata_keys:
+                call["metadata"] = prompt.metadata
+            calls.append(call)
+        samples = [self.describe_sample(rollout_id, prompts[i // n], first_sample + i)
+                   for i in to_score]
+        scored.update(zip(to_score, self.score.score_many(samples, calls), strict=True))
+        return [scored[i] for i in range(len(generations))]
+
     def sample_groups(self, rollout_id: int, timer: Timer) -> Refill:
         """Generate and score groups until the rollout's batch is complete (one attempt
         without dynamic sampling). Seeds count the samples of every attempt, so the kept and
-        the filtered groups replay exactly after a resume."""
+        the filtered groups replay exactly after a resume. With a rollout function, its
+        samples (custom_rollout.py) and self.turns, their turns."""
         n = self.config.samples_per_prompt
         refill = Refill(self.config.sampling, self.config.prompts_per_rollout, self.group_filter)
+        self.turns = []
         while (size := refill.next_size()) > 0:
             prompts = self.sampler.next_batch(size)
             first = refill.prompts_drawn
@@ -191,12 +219,24 @@ class GRPOLoop:
                                           request_seed(self.config.seed, rollout_id,
                                                        (first + i) * n + j))
                         for i, p in enumerate(prompts) for j in range(n)]
+            returned: list = [None] * len(requests)  # rewards a rollout function returned
             with timer.phase("generate"):
-                generations = self.rollout.generate(requests, self.params)
+                if self.custom is None:
+                    generations = self.rollout.generate(requests, self.params)
+                else:
+                    described = [self.describe_sample(rollout_id, prompts[i // n],
+                                                      first * n + i).describe()
+                                 for i in range(len(requests))]
+                    custom = self.custom.run(prompts, [r.seed for r in requests],
+                                             described.__getitem__)
+                    generations, returned = custom.generations, custom.returned
+                    self.turns += custom.turns
             with timer.phase("reward"):
-                refill.add([self.score_group(rollout_id, (first + i) * n, p,
-                                             requests[i * n:(i + 1) * n],
-                                             generations[i * n:(i + 1) * n])
+                scored = self.score_samples(rollout_id, first * n, prompts, generations,
+                                            returned)
+                refill.add([self.score_group(p, requests[i * n:(i + 1) * n],
+                                             generations[i * n:(i + 1) * n],
+                                             scored[i * n:(i + 1) * n])
                             for i, p in enumerate(prompts)])
         return refill
 
@@ -226,9 +266,13 @@ class GRPOLoop:
             for group in every:
                 for key, values in group.extras.items():
                     extras.setdefault(key, []).extend(values)
+            loss_mask = ([g.loss_mask or [1] * len(g.token_ids) for g in generations]
+                         if self.custom is not None else None)
             advantages = algorithm.advantages(
                 torch.tensor(scores), n, config.loss.advantage_estimator,
-                config.std_normalization, [len(g.token_ids) for g in generations]).tolist()
+                config.std_normalization,
+                [sum(m) for m in loss_mask] if loss_mask
+                else [len(g.token_ids) for g in generations]).tolist()
             if config.sampling.overlong == "mask":
                 advantages = mask_overlong(advantages, generations)
 
@@ -238,7 +282,8 @@ class GRPOLoop:
             prompt_lens=[len(r.prompt_ids) for r in requests], advantages=advantages,
             rollout_log_probs=[g.log_probs for g in generations],
             routed_experts=([g.routed_experts for g in generations]
-                            if self.params.return_routed_experts else None))
+                            if self.params.return_routed_experts else None),
+            loss_mask=loss_mask)
         with timer.phase("log_probs"):
             batch.old_log_probs = self.train.log_probs(batch, "actor")
             if config.needs_ref:
@@ -246,7 +291,7 @@ class GRPOLoop:
         guards.check_batch(rollout_id, batch.advantages,
                            {"actor": batch.old_log_probs, "reference": batch.ref_log_probs},
                            lambda i: self.describe_sample(rollout_id, sample_prompts[i], i).describe())
-        numbers.update(logprob_gap(batch.old_log_probs, batch.rollout_log_probs))
+        numbers.update(logprob_gap(batch.old_log_probs, batch.rollout_log_probs, loss_mask))
         if numbers["rollout/logprob_abs_diff"] > MAX_LOGPROB_GAP:
             self.log(f"vime: rollout {rollout_id}: the engine's log-probs differ from the "
                      f"actor's by {numbers['rollout/logprob_abs_diff']:.3f} per token on the "
@@ -258,7 +303,7 @@ class GRPOLoop:
             size = config.global_batch_size
             for step in range(config.steps_per_rollout):
                 step_batch = batch.select(range(step * size, (step + 1) * size))
-                step_batch.step_response_tokens = sum(step_batch.response_lens())
+                step_batch.step_response_tokens = sum(step_batch.trained_tokens())
                 step_batch.step_samples = len(step_batch)
                 step_stats.append(self.train.train_step(step_batch))
         trained_tokens = sum(len(t) for t in batch.tokens[:config.steps_per_rollout * size])
@@ -306,6 +351,11 @@ class GRPOLoop:
                 g.finish_reason == "length" for g in generations),
             "samples": len(generations), "data/epoch": self.sampler.epoch,
         })
+        if self.custom is not None:
+            # the share of after-prompt tokens that came from tools (context, not trained)
+            numbers["rollout/masked_token_share"] = 1.0 - sum(map(sum, loss_mask)) / max(
+                sum(response_lens), 1)
+            numbers["rollout/turns_mean"] = statistics.fmean(self.turns)
         # runtime/workers/supervisor.py: engines replaced so far
         if hasattr(self.rollout, "restarts"):
             numbers["rollout/engine_restarts"] = sum(self.rollout.restarts)

@@ -2,7 +2,11 @@
 
 A reward is called once per sample with keyword arguments
 
-    reward(prompt: str, response: str, label) -> float | dict
+    reward(prompt: str, response: str, label) -> float | dict     (or `async def`)
+
+(and metadata=, the row's data.metadata_keys, when the spec names any and the reward takes a
+`metadata` argument or **kwargs). An http(s) URL
+scores the rollout's samples in batches on a reward server (runtime/rl/reward_server.py).
 
 `prompt` is the prompt text as sent (after the chat template), `response` the decoded
 response (special tokens removed), `label` the JSONL label as read. A dict must hold
@@ -35,7 +39,9 @@ after normalisation as strings.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import math
 import re
 import signal
@@ -45,6 +51,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+
+from runtime.rl.reward_server import RewardServer, RewardServerError
 
 RewardFn = Callable[..., "float | dict"]
 
@@ -223,6 +231,8 @@ def load(name: str, spec_dir: str | None = None) -> RewardFn:
     module beside the spec imports wherever the job runs (V907 looks in the same places)."""
     if name in BUILTIN:
         return BUILTIN[name]
+    if name.startswith(("http://", "https://")):
+        return RewardServer(name)
     module_name, sep, function = name.partition(":")
     if not sep or not module_name or not function:
         raise ValueError(f"rollout.reward = {name!r} is neither a built-in reward "
@@ -303,6 +313,19 @@ def function_name(reward_fn: RewardFn) -> str:
     return f"{module}:{name}" if module else name
 
 
+def _accepts(function, name: str) -> bool:
+    """Whether function takes a keyword argument `name` (by name or through **kwargs)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: pass it
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
 class _RewardTimeout(BaseException):
     """Raised in the main thread by the watch when a reward call passes its limit."""
 
@@ -321,6 +344,8 @@ class RewardCaller:
                  log: Callable[[str], None] = print):
         self.reward_fn, self.timeout_s, self.log = reward_fn, timeout_s, log
         self.name = function_name(reward_fn)
+        # metadata= (data.metadata_keys) goes only to a reward that names it or takes **kwargs
+        self._takes_metadata = _accepts(reward_fn, "metadata")
         self._warned_rollout: int | None = None
         self._lock = threading.Condition()
         self._deadline: float | None = None  # of the call in progress
@@ -346,10 +371,18 @@ class RewardCaller:
         if self._expired:
             raise _RewardTimeout
 
+    def _run(self, kwargs: dict):
+        if "metadata" in kwargs and not self._takes_metadata:
+            kwargs = {k: v for k, v in kwargs.items() if k != "metadata"}
+        result = self.reward_fn(**kwargs)
+        if inspect.isawaitable(result):  # an `async def` reward
+            result = asyncio.run(_awaited(result))
+        return result
+
     def _call(self, kwargs: dict):
         main = threading.current_thread() is threading.main_thread()
         if not (main and self.timeout_s):
-            return self.reward_fn(**kwargs)
+            return self._run(kwargs)
         if self._watch is None:
             self._watch = threading.Thread(target=self._watch_calls, daemon=True,
                                            name="vime reward watch")
@@ -361,7 +394,7 @@ class RewardCaller:
                 self._deadline = time.monotonic() + self.timeout_s
                 self._lock.notify()
             try:
-                return self.reward_fn(**kwargs)
+                return self._run(kwargs)
             finally:
                 with self._lock:
                     self._deadline = None
@@ -402,3 +435,63 @@ class RewardCaller:
                               "a score must be finite; nothing of this rollout was trained "
                               "or saved")
         return value, extra
+
+    def score_many(self, samples: list[Sample], calls: list[dict]
+                   ) -> list[tuple[float, dict[str, float]]]:
+        """(score, extras) per sample, one call each, in order.
+
+        Raises:
+            RewardError: as __call__.
+        """
+        return [self(sample, **call) for sample, call in zip(samples, calls, strict=True)]
+
+
+class ServerCaller:
+    """Scores a rollout's samples on a reward server (runtime/rl/reward_server.py), each
+    score checked as a reward function's is."""
+
+    def __init__(self, server: RewardServer, timeout_s: float, log: Callable[[str], None]):
+        self.server = RewardServer(server.url, timeout_s, server.retries, server.batch_size,
+                                   server.backoff_s, log)
+        self.name = server.url
+
+    def __call__(self, sample: Sample, **call) -> tuple[float, dict[str, float]]:
+        """(score, extras) of one sample (a batch of one).
+
+        Raises:
+            RewardError: as score_many.
+        """
+        return self.score_many([sample], [call])[0]
+
+    def score_many(self, samples: list[Sample], calls: list[dict]
+                   ) -> list[tuple[float, dict[str, float]]]:
+        """(score, extras) per sample, in batches.
+
+        Raises:
+            RewardError: the server stayed down, or returned no finite score for a sample.
+        """
+        try:
+            returned = self.server.fetch(calls, lambda i: samples[i].describe())
+        except RewardServerError as err:
+            raise RewardError(str(err)) from None
+        results = []
+        for sample, result in zip(samples, returned, strict=True):
+            try:
+                value, extra = score(result)
+            except RewardError as err:
+                raise RewardError(f"reward server {self.name} {err} on "
+                                  f"{sample.describe()}") from None
+            if not math.isfinite(value):
+                raise RewardError(f"reward server {self.name} returned {value} on "
+                                  f"{sample.describe()}: a score must be finite; nothing of "
+                                  "this rollout was trained or saved")
+            results.append((value, extra))
+        return results
+
+
+def caller(reward_fn, timeout_s: float | None, log: Callable[[str], None] = print):
+    """What scores a rollout's samples (score_many): a ServerCaller for the reward server
+    load() returned for a URL, else a RewardCaller around the function."""
+    if isinstance(reward_fn, RewardServer):
+        return ServerCaller(reward_fn, timeout_s or 300.0, log)
+    return RewardCaller(reward_fn, timeout_s, log)

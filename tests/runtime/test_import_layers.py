@@ -26,6 +26,7 @@ MAY_IMPORT = {
     "runtime.workers": {"runtime.backends", "runtime.core"},
     "runtime.rl": {"runtime.core"},
     "runtime.toy": {"runtime.rl", "runtime.core"},
+    "runtime.toy_tools": {"runtime.toy", "runtime.rl", "runtime.core"},
     "runtime.node": {"runtime.toy", "runtime.rl", "runtime.workers", "runtime.backends",
                      "runtime.core"},
 }

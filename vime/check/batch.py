@@ -169,3 +169,29 @@ def dynamic_sampling_needs_groups(spec: Spec):
                       "dynamic sampling with n_samples_per_prompt = 1 filters every group",
                       help="n_samples_per_prompt ≥ 2, or dynamic_sampling = false",
                       related=("rollout.n_samples_per_prompt",))
+
+
+FUNCTION_KEYS = ("max_turns", "max_total_tokens", "function_timeout_s")
+
+
+@rule("V430", "rollout-function-keys-need-function", severity="warning", enforced_by="vime")
+def rollout_function_keys_need_function(spec: Spec):
+    """A rollout function's limit is set but no rollout function is.
+
+    rollout.max_turns, rollout.max_total_tokens and rollout.function_timeout_s bound what a
+    rollout function (rollout.function, runtime/rl/custom_rollout.py) does with each sample;
+    without one every sample is a single response of at most max_response_len tokens, and
+    the keys change nothing (the engines' max_model_len stays max_prompt_len +
+    max_response_len).
+    Fix: set rollout.function = "module:function", or remove the keys."""
+    roll = spec.rollout
+    if roll.function:
+        return
+    for key in FUNCTION_KEYS:
+        if getattr(roll, key) is not None:
+            yield Finding(f"rollout.{key}",
+                          f"rollout.{key} = {getattr(roll, key)!r} has no effect: no "
+                          "rollout.function is set, so each sample is one response",
+                          help='rollout.function = "module:function", or remove '
+                          f"rollout.{key}",
+                          related=("rollout.function",))

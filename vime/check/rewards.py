@@ -1,4 +1,5 @@
-"""V906-V907: rollout.reward, a built-in verifier or a `module.path:function`."""
+"""V906-V907, V930: rollout.reward (a built-in verifier, a `module.path:function` or a reward
+server's URL) and rollout.function (a `module.path:function`)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def reward_is_builtin_or_module(spec: Spec):
     Fix: one of the built-in names (the help line gives the closest), or your own function
     written "package.module:function" (a colon between the module and the function)."""
     reward = spec.rollout.reward
-    if reward in BUILTIN_REWARDS or ":" in reward:
+    if reward in BUILTIN_REWARDS or ":" in reward:  # a module's function or a server's URL
         return
     close = difflib.get_close_matches(reward, list(BUILTIN_REWARDS), n=1, cutoff=0.6)
     names = ", ".join(sorted(BUILTIN_REWARDS))
@@ -148,21 +149,46 @@ def custom_reward_importable(spec: Spec):
     Fix: put the module beside the spec, install its package, or add its folder to
     PYTHONPATH in [cluster.env]; or correct the module or function name."""
     reward = spec.rollout.reward
-    module, colon, function = reward.partition(":")
+    if reward.startswith(("http://", "https://")):  # a reward server: nothing to import here
+        return
+    yield from _importable(spec, "rollout.reward", reward)
+
+
+@rule("V930", "rollout-function-importable", severity="warning", enforced_by="vime")
+def rollout_function_importable(spec: Spec):
+    """A rollout.function that the job's driver would not find.
+
+    The driver imports the rollout function's module when it starts
+    (runtime/rl/custom_rollout.py), in the same places and order as rollout.reward's
+    (V907): the spec's folder, the job's PYTHONPATH, the installed packages; a module it
+    cannot find stops the job after the queue wait with "rollout.function = '...': cannot
+    import ...". vime looks there without running the module and reads its source for a
+    top-level definition of the function. A warning, not an error: the job's environment
+    may differ from this one.
+    Fix: put the module beside the spec, install its package, or add its folder to
+    PYTHONPATH in [cluster.env]; or correct the module or function name."""
+    if spec.rollout.function:
+        yield from _importable(spec, "rollout.function", spec.rollout.function)
+
+
+def _importable(spec: Spec, key: str, value: str):
+    """Findings for a "module:function" value of `key` whose module the driver would not
+    find, or whose source defines no such function at its top level."""
+    module, colon, function = value.partition(":")
     if not colon:
         return
     file, problem = _module_file(module, reward_search_path(spec))
     if problem:
         beside = os.path.join(spec.spec_dir or ".", *module.split(".")[:-1],
                               module.split(".")[-1] + ".py")
-        yield Finding("rollout.reward",
-                      f"rollout.reward = {reward!r}: {problem}, looked for as the driver will: "
+        yield Finding(key,
+                      f"{key} = {value!r}: {problem}, looked for as the driver will: "
                       "in the spec's folder, the job's PYTHONPATH and the installed packages",
                       help=f"put {module.split('.')[0]} beside the spec ({beside}), install "
                       "it where the job runs, or add its folder to PYTHONPATH in [cluster.env]")
         return
     if file and _defines(file, function) is False:
-        yield Finding("rollout.reward",
-                      f"rollout.reward = {reward!r}: {file} defines no {function!r} at its "
+        yield Finding(key,
+                      f"{key} = {value!r}: {file} defines no {function!r} at its "
                       "top level",
                       help=f"the name of a function of {module}, or define {function} there")

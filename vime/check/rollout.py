@@ -113,24 +113,30 @@ def context_fits_model(spec: Spec):
     """Prompt plus response must fit the model's context length.
 
     vime gives vLLM max_model_len = max_prompt_len + the longest max_response_len of the
-    rollout and of the evaluation datasets ([[eval.datasets]]). vLLM raises
+    rollout (with a rollout function, max_total_tokens: every turn and tool output) and of
+    the evaluation datasets ([[eval.datasets]]). vLLM raises
     "ValueError: User-specified max_model_len (X) is greater than the derived
     max_model_len (max_position_embeddings=Y ...)" at engine start unless
     VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set.
     Fix: shorter max_prompt_len or max_response_len (the rollout's or the evaluation's), or
     a model with a longer context."""
     roll, limit = spec.rollout, spec.arch.max_position_embeddings
-    lengths = [("rollout.max_response_len", roll.max_response_len)] + [
+    # a rollout function's samples are max_total_tokens long after the prompt
+    own = ("rollout.max_total_tokens" if roll.sample_tokens != roll.max_response_len
+           else "rollout.max_response_len")
+    lengths = [(own, roll.sample_tokens)] + [
         (f"eval.datasets[{i}].max_response_len", d.max_response_len)
         for i, d in enumerate(spec.eval.datasets)]
     for key, response in lengths:
         total = roll.max_prompt_len + response
         if total > limit:
             yield Finding(key,
-                          f"max_prompt_len + {key.split('.', 1)[0]} max_response_len = "
+                          f"max_prompt_len + {key.split('.', 1)[0]} "
+                          f"{key.rsplit('.', 1)[1]} = "
                           f"{roll.max_prompt_len} + {response} = {total} exceeds the model's "
                           f"max_position_embeddings {limit}",
-                          help=f"max_response_len = {max(limit - roll.max_prompt_len, 1)}",
+                          help=f"{key.rsplit('.', 1)[1]} = "
+                          f"{max(limit - roll.max_prompt_len, 1)}",
                           related=("rollout.max_prompt_len",))
 
 

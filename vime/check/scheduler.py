@@ -71,7 +71,7 @@ def vllm_scheduler_limits(spec: Spec):
     if not spec.inference.extra_args or spec.inference.backend != "vllm":
         return
     found = _settings(spec)
-    model_len = spec.rollout.max_prompt_len + spec.rollout.max_response_len
+    model_len = spec.max_model_len
     batched = found.get("max_num_batched_tokens")
     chunked = found.get("enable_chunked_prefill")
     seqs = found.get("max_num_seqs")

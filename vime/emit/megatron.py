@@ -37,7 +37,7 @@ def megatron_args(plan: Plan) -> list[list[str]]:
         ["--kv-channels", str(arch.head_dim)],
         ["--vocab-size", str(arch.vocab_size)],
         ["--max-position-embeddings", str(arch.max_position_embeddings)],
-        ["--seq-length", str(spec.rollout.max_prompt_len + spec.rollout.max_response_len)],
+        ["--seq-length", str(spec.rollout.max_prompt_len + spec.rollout.sample_tokens)],
         ["--normalization", "RMSNorm"],
         ["--norm-epsilon", _num(arch.rms_norm_eps)],
         ["--position-embedding-type", "rope"],

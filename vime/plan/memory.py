@@ -418,7 +418,7 @@ def micro_batch_tokens(spec: Spec) -> tuple[int, str]:
     train, par = spec.train, spec.train.parallel
     if train.dynamic_batch:
         return train.max_tokens_per_gpu, f"max_tokens_per_gpu {train.max_tokens_per_gpu}"
-    seq = spec.rollout.max_prompt_len + spec.rollout.max_response_len
+    seq = spec.rollout.max_prompt_len + spec.rollout.sample_tokens
     return (train.micro_batch_size * seq // par.cp,
             f"micro batch {train.micro_batch_size} × {seq} tokens ÷ cp {par.cp}")
 

@@ -91,6 +91,8 @@ class Data:
     label_key: str
     apply_chat_template: bool
     shuffle: bool
+    # keys of each row handed to a rollout function and the reward (None: none)
+    metadata_keys: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,19 @@ class Rollout:
     overlong: str  # keep | mask | penalty
     overlong_buffer_len: int
     overlong_penalty_factor: float
+    # a rollout function "module:function" and its limits (None: single-turn generation)
+    function: str | None = None
+    max_turns: int | None = None
+    max_total_tokens: int | None = None
+    function_timeout_s: float | None = None
+
+    @property
+    def sample_tokens(self) -> int:
+        """The most tokens after the prompt of one sample: max_response_len, or with a
+        rollout function max_total_tokens (every turn and tool output together)."""
+        if self.function and self.max_total_tokens:
+            return self.max_total_tokens
+        return self.max_response_len
 
 
 @dataclass(frozen=True)
@@ -344,9 +359,10 @@ class Spec:
     @property
     def max_model_len(self) -> int:
         """The engines' context (vLLM --max-model-len): the longest prompt plus the longest
-        response of the rollout or of any evaluation dataset."""
+        response of the rollout (with a rollout function, max_total_tokens: every turn and
+        tool output) or of any evaluation dataset."""
         return self.rollout.max_prompt_len + max(
-            [self.rollout.max_response_len, *(d.max_response_len for d in self.eval.datasets)])
+            [self.rollout.sample_tokens, *(d.max_response_len for d in self.eval.datasets)])
 
 
 SECTIONS = {
