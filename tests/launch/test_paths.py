@@ -44,7 +44,7 @@ def test_relative_paths_become_absolute_in_the_job_folder_only(tmp_path, monkeyp
     project = tmp_path / "project"
     (project / "specs" / "data").mkdir(parents=True)
     (project / "models" / "Qwen3-30B-A3B").mkdir(parents=True)
-    (project / "specs" / "data" / "prompts.jsonl").write_text("{}\n")
+    (project / "specs" / "data" / "prompts.jsonl").write_text('{"prompt": "1+1", "label": "2"}\n')
     spec = project / "specs" / "run.toml"
     spec.write_text((ROOT / "specs" / "qwen3_30b.toml").read_text()
                     .replace('"/shared/vime-runs"', '"runs"')
@@ -78,7 +78,7 @@ def test_relative_paths_become_absolute_in_the_job_folder_only(tmp_path, monkeyp
 def test_a_model_id_stays_and_a_path_found_only_in_the_working_folder_is_taken_from_there(
         tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "mine.jsonl").write_text("{}\n")
+    (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1", "label": "2"}\n')
     prepared, _ = _submit_and_compile(TINY, sets=['model.hf_checkpoint="Qwen/Qwen3-0.6B"',
                                                   'data.prompt_data="mine.jsonl"'])
     job = tomllib.loads(prepared.files["resolved.toml"])

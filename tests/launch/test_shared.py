@@ -49,7 +49,7 @@ def _spec(sets: list[str]):
 def test_paths_on_this_machines_file_systems_are_warned_about(disk):
     nfs = disk / "nfs"
     (nfs / "runs").mkdir(parents=True)
-    (disk / "prompts.jsonl").write_text("{}\n")
+    (disk / "prompts.jsonl").write_text('{"prompt": "1+1", "label": "2"}\n')
     table = [("/", "ext4"), (str(nfs), "nfs4")]
     result = _spec(spec_sets(nfs / "runs", **{
         "data.prompt_data": json.dumps(str(disk / "prompts.jsonl")),
