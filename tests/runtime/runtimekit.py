@@ -68,6 +68,17 @@ def in_process_loop(config: JobConfig, log=lambda line: None) -> GRPOLoop:
                     MetricsLogger(config.job_dir, config.job_dir.name, print_fn=log), log=log)
 
 
+def run_to_weights(config: JobConfig) -> dict:
+    """The in-process loop resumed from the config's checkpoints and run to its end: the
+    actor's weights after the last rollout, by parameter name."""
+    loop = in_process_loop(config)
+    loop.restore()
+    loop.run()
+    backend = loop.train.workers[0].backend
+    backend.onload()
+    return {n: p.detach().clone() for n, p in backend.params.items()}
+
+
 def metrics(job_dir: Path) -> list[dict]:
     path = Path(job_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runtimekit import ROOT, compile_spec, in_process_loop, metrics, sets_for
+from runtimekit import ROOT, compile_spec, in_process_loop, metrics, run_to_weights, sets_for
 
 from runtime.core.interfaces import TrainBatch
 from runtime.core.slices import JobConfig
@@ -34,12 +34,7 @@ def tools_config(tmp_path: Path, job: str = "job", **keys) -> JobConfig:
 def _run(tmp_path, job, rollouts):
     config = tools_config(tmp_path, job, rollout__num_rollout=str(rollouts),
                           checkpoint__save_interval="2", train__routing_replay="true")
-    loop = in_process_loop(config)
-    loop.restore()
-    loop.run()
-    backend = loop.train.workers[0].backend
-    backend.onload()
-    return config, {n: p.detach().clone() for n, p in backend.params.items()}
+    return config, run_to_weights(config)
 
 
 def test_two_turn_tool_rollouts_train_masked_and_resume_exactly(tmp_path):

@@ -5,7 +5,7 @@ and a resumed run ends where the uninterrupted one does, schedule included."""
 from __future__ import annotations
 
 import pytest
-from runtimekit import in_process_loop, job_config, metrics
+from runtimekit import job_config, metrics, run_to_weights
 
 from runtime.core import lr_schedule
 
@@ -18,12 +18,7 @@ KEYS = dict(algorithm__advantage_estimator='"rloo"',
 
 def _run(tmp_path, job, rollouts):
     _, _, config = job_config(tmp_path, job, rollout__num_rollout=str(rollouts), **KEYS)
-    loop = in_process_loop(config)
-    loop.restore()
-    loop.run()
-    backend = loop.train.workers[0].backend
-    backend.onload()
-    return config, {n: p.detach().clone() for n, p in backend.params.items()}
+    return config, run_to_weights(config)
 
 
 def test_a_scheduled_rloo_run_resumes_exactly(tmp_path):
