@@ -130,3 +130,16 @@ def test_bad_partial_rotary_factor_names_the_key():
     with pytest.raises(ArchError) as err:
         arch_from_config({**_published("glm_4_5"), "partial_rotary_factor": 0})
     assert err.value.key == "partial_rotary_factor"
+
+
+def test_mixtral_experts_are_intermediate_size_wide():
+    # Mixtral-8x7B's config.json (mistralai/Mixtral-8x7B-v0.1): no moe_intermediate_size; every
+    # layer's 8 experts are intermediate_size wide. Its card: 46.7 B parameters, 12.9 B active.
+    config = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+              "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+              "use_qk_norm": False}
+    arch = arch_from_config(config)
+    assert arch.moe_ffn_hidden_size == 14336
+    assert arch.params_total / 1e9 == pytest.approx(46.7, abs=0.05)
+    assert arch.params_active / 1e9 == pytest.approx(12.9, abs=0.05)

@@ -288,7 +288,9 @@ def arch_from_config(config: dict) -> Arch:
     kv_lora = _optional_int(config, "kv_lora_rank")
     qk_rope = _optional_int(config, "qk_rope_head_dim") if kv_lora else 0
     qk_nope = _optional_int(config, "qk_nope_head_dim") if kv_lora else 0
-    moe_ffn = _int(config, "moe_intermediate_size", 0) if experts else 0
+    # without moe_intermediate_size (Mixtral) intermediate_size is each expert's width
+    moe_ffn = (_int(config, "moe_intermediate_size", _int(config, "intermediate_size", 4 * hidden))
+               if experts else 0)
     shared = _optional_int(config, "n_shared_experts") if experts else 0
     partial = config.get("partial_rotary_factor", 1.0)
     if isinstance(partial, bool) or not isinstance(partial, int | float) or not 0 < partial <= 1:
