@@ -591,7 +591,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         DistributedOptimizer (without Apex or Transformer Engine) reloads the step through its
         param_groups and gives every parameter the same tensor object; torch's Adam then adds
         1 to that one tensor once per parameter at every step, so the bias corrections of a
-        resumed run differ from the uninterrupted run's (docs/gpu-runs.md, third session)."""
+        resumed run differ from the uninterrupted run's (docs/gpu-runs.md, "Resume is now exact")."""
         for inner, step in zip(self._torch_adams(), steps, strict=True):
             devices = self._step_devices(inner)
             for param, state in inner.state.items():

@@ -6,7 +6,7 @@ MoE layer's pre-MLP norm: the local spec saves it as `mlp.linear_fc1.layer_norm_
 map is a dense layer's), TE's spec, whose MoE layers keep the norm apart, as
 `pre_mlp_layernorm.weight`. On an H200 a local-spec checkpoint did not load into the TE spec
 ("decoder.layers.1.pre_mlp_layernorm.weight from model not in state dict", docs/gpu-runs.md,
-fourth lease). TE's modules also carry `_extra_state` objects (FP8 metadata; nothing in bf16
+2026-12-01 21:01 UTC). TE's modules also carry `_extra_state` objects (FP8 metadata; nothing in bf16
 training) that a local-spec checkpoint may not hold.
 
 `align` makes a model's sharded state dict ask for what the checkpoint has: a key the
