@@ -66,10 +66,18 @@ def job_loop(config: JobConfig, train, rollout, metrics, log=log):
 
     tokenizer = load_tokenizer(config)
     prompts, _dropped = read_prompts(config.data, tokenizer)
+    load_reward = reward_loader(config)
     return GRPOLoop(config, train, rollout,
                     PromptSampler(prompts, config.seed, config.data.shuffle), tokenizer,
-                    rewards.load(config.reward, spec_dir_of(config.job_dir)), metrics,
-                    checkpoints_of(config, log), log=log, rollout_fn=rollout_function(config))
+                    load_reward(config.reward), metrics, checkpoints_of(config, log), log=log,
+                    rollout_fn=rollout_function(config), load_reward=load_reward)
+
+
+def reward_loader(config: JobConfig):
+    """rewards.load that looks for a module first in the spec's folder, as V907 and the
+    preflight do (job.json's spec_dir)."""
+    spec_dir = spec_dir_of(config.job_dir)
+    return lambda name: rewards.load(name, spec_dir)
 
 
 def rollout_function(config: JobConfig):
@@ -138,7 +146,8 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     checkpoints = checkpoints_of(config)
     for kind, name in (("training", config.train_backend), ("rollout", config.rollout_backend)):
         backends.reference(kind, name)  # fails now, with the issue number, if not written yet
-    reward_fn = rewards.load(config.reward, spec_dir_of(config.job_dir))
+    load_reward = reward_loader(config)
+    reward_fn = load_reward(config.reward)
     rollout_fn = rollout_function(config)
     tokenizer = load_tokenizer(config)
     prompts, dropped = read_prompts(config.data, tokenizer)
@@ -165,7 +174,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
                             config.wandb_project, config.wandb_group,
                             config=dict(config.resolved), print_fn=log)
     loop = GRPOLoop(config, train, rollout, sampler, tokenizer, reward_fn, metrics, checkpoints,
-                    log=log, rollout_fn=rollout_fn)
+                    log=log, rollout_fn=rollout_fn, load_reward=load_reward)
     restored = loop.restore()
 
     def restore_weights(engines) -> None:

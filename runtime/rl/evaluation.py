@@ -83,7 +83,8 @@ def summarise(name: str, n: int, scores: list[float], correct: list[bool],
 
 class Evaluator:
     def __init__(self, config: EvalConfig, seed: int, tokenizer, stop_ids: tuple[int, ...],
-                 log: Callable[[str], None] = print, reward_timeout_s: float | None = None):
+                 log: Callable[[str], None] = print, reward_timeout_s: float | None = None,
+                 load_reward: Callable[[str], Callable] = rewards.load):
         self.config, self.seed, self.tokenizer, self.stop_ids = config, seed, tokenizer, stop_ids
         self.sets = []
         for index, dataset in enumerate(config.datasets):
@@ -92,7 +93,7 @@ class Evaluator:
                 f"{dataset.data.prompt_data}"
                 + (f" ({dropped} longer than rollout.max_prompt_len dropped)" if dropped else ""))
             self.sets.append(EvalSet(dataset, index, tuple(prompts),
-                                     rewards.caller(rewards.load(dataset.reward),
+                                     rewards.caller(load_reward(dataset.reward),
                                                     reward_timeout_s, log)))
 
     def due(self, rollout_id: int, num_rollout: int) -> bool:

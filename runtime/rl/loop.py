@@ -80,7 +80,8 @@ class Timer:
 class GRPOLoop:
     def __init__(self, config: JobConfig, train, rollout, sampler: PromptSampler, tokenizer,
                  reward_fn: Callable, metrics: MetricsLogger, checkpoints: Checkpoints,
-                 log: Callable[[str], None] = print, rollout_fn: Callable | None = None):
+                 log: Callable[[str], None] = print, rollout_fn: Callable | None = None,
+                 load_reward: Callable[[str], Callable] = rewards.load):
         self.config, self.train, self.rollout = config, train, rollout
         self.sampler, self.tokenizer, self.reward_fn = sampler, tokenizer, reward_fn
         self.metrics, self.checkpoints, self.log = metrics, checkpoints, log
@@ -91,7 +92,8 @@ class GRPOLoop:
             return_routed_experts=bool(config.train["routing_replay"]))
         self.evaluator = Evaluator(config.evaluation, config.seed, tokenizer,
                                    self.params.stop_token_ids, log=log,
-                                   reward_timeout_s=config.reward_timeout_s)
+                                   reward_timeout_s=config.reward_timeout_s,
+                                   load_reward=load_reward)
         policy = config.sampling
         self.group_filter = (load_filter(policy.dynamic_sampling_filter)
                              if policy.dynamic_sampling and policy.dynamic_sampling_filter

@@ -210,3 +210,24 @@ def test_eval_metrics_and_an_exact_resume_with_dynamic_sampling(tmp_path):
     a, b = _weights(straight), _weights(resumed)
     assert max(float((a[n] - b[n]).abs().max()) for n in a) <= RESUME_TOLERANCE
     assert resumed.sampler.state_dict() == straight.sampler.state_dict()
+
+
+def test_an_eval_reward_beside_the_spec_is_found_like_the_rollout_reward(tmp_path):
+    # the module lives only in the spec's folder (job.json's spec_dir), not on sys.path
+    beside = tmp_path / "spec_folder"
+    beside.mkdir()
+    (beside / "beside_eval_reward.py").write_text(
+        "def reward(prompt, response, label):\n    return 0.25\n")
+    sys.modules.pop("beside_eval_reward", None)
+    datasets = ('[{name = "arith", prompt_data = "data/tiny_arithmetic.jsonl", '
+                'n_samples_per_prompt = 2, reward = "beside_eval_reward:reward"}]')
+    _, _, config = job_config(tmp_path, rollout__num_rollout="1", eval__datasets=datasets,
+                              eval__interval="1", eval__at_end="false")
+    (config.job_dir / "job.json").write_text(f'{{"spec_dir": "{beside}"}}')
+    try:
+        loop = in_process_loop(config)
+        loop.run()
+    finally:
+        sys.modules.pop("beside_eval_reward", None)
+    [record] = metrics(config.job_dir)
+    assert record["eval/arith/reward"] == pytest.approx(0.25)
