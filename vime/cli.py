@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_import(args) -> int:
+    """Translate a launch script into a spec (stdout or -o); return 0, or 1 when the script
+    holds something the spec cannot say.
+
+    Raises:
+        UsageError: the script cannot be read, or -o exists without --force
+            (main() prints it and exits 2).
+    """
     from vime.importer import cli as import_cli
 
     try:
@@ -134,6 +141,11 @@ def cmd_import(args) -> int:
 
 
 def _load(args) -> tuple:
+    """Run the pipeline on args.spec with args.sets; return (source, pipeline result).
+
+    Raises:
+        UsageError: the spec file cannot be read.
+    """
     from vime import pipeline
 
     path = Path(args.spec)
@@ -158,6 +170,12 @@ def _print_diagnostics(result, fmt: str) -> None:
 
 
 def cmd_plan(args) -> int:
+    """Print the spec's plan (text, or JSON with --json) and its diagnostics; write nothing.
+    Return 0, or 1 when the spec has errors.
+
+    Raises:
+        UsageError: the spec file cannot be read (main() prints it and exits 2).
+    """
     from vime.emit import plan_json
 
     source, result = _load(args)
@@ -179,6 +197,12 @@ def cmd_plan(args) -> int:
 
 
 def cmd_compile(args) -> int:
+    """Write the build folder (resolved.toml, plan.json, argument files, job.sbatch); return
+    0, 1 when the spec has errors (nothing written), or 2 when the folder cannot be written.
+
+    Raises:
+        UsageError: the spec file cannot be read (main() prints it and exits 2).
+    """
     from vime.emit import build, plan_json
 
     source, result = _load(args)
@@ -199,6 +223,8 @@ def cmd_compile(args) -> int:
 
 
 def cmd_explain(args) -> int:
+    """Print a diagnostic code's explanation, or every code with its one-line summary;
+    return 0, or 2 for an unknown code."""
     from vime import check
 
     if not args.code:
@@ -225,6 +251,13 @@ def cmd_explain(args) -> int:
 
 
 def cmd_submit(args) -> int:
+    """Compile, then start the job: on Slurm, here (--local) or on a Ray cluster
+    (--ray-address); return 0, 1 when the spec has errors, or 4 when a job run here fails.
+
+    Raises:
+        UsageError: the spec cannot be read, the checkpoint or submission is refused, or a
+            detached launcher fails to start (main() prints it and exits 2).
+    """
     from vime.emit import plan_json
     from vime.launch import resume, shared, submit
 
@@ -433,6 +466,13 @@ def _run_here(args, prepared, start, launcher: str) -> int:
 
 
 def cmd_convert(args) -> int:
+    """Print and run the checkpoint conversion (HF <-> torch_dist) for the spec's layout;
+    return 0, 1 when the spec has errors, or 3 when the conversion fails.
+
+    Raises:
+        UsageError: no target folder is set, there is nothing to convert back, or the
+            target exists (main() prints it and exits 2).
+    """
     import json
     import math
     import shlex
@@ -478,7 +518,11 @@ def cmd_convert(args) -> int:
 
 
 def cmd_report(args) -> int:
-    """Write the report of a job's run and print where it is."""
+    """Write the report of a job's run and print where it is; return 0.
+    Raises:
+        UsageError: the job is not found or the report cannot be written (main() prints
+            it and exits 2).
+    """
     from vime import report
     from vime.launch import follow, slurm
 
@@ -496,8 +540,12 @@ def cmd_report(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    """Print what is installed in this Python and, given a spec, what it needs; exit 1 when
-    a package the spec needs does not import here."""
+    """Print what is installed in this Python and, given a spec, what it needs; return 1
+    when a package the spec needs does not import here (or the spec does not resolve), else 0.
+
+    Raises:
+        UsageError: the spec file cannot be read (main() prints it and exits 2).
+    """
     from vime import doctor
 
     wanted: dict[str, str] = {}
@@ -526,6 +574,13 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_follow(args) -> int:
+    """Show a job's state (status), its node's log (logs) or cancel it (cancel); return 0,
+    or the outcome of a followed run.
+
+    Raises:
+        UsageError: the job is not found, or Slurm refuses the query (main() prints it
+            and exits 2).
+    """
     from vime.launch import follow, slurm
 
     try:

@@ -85,7 +85,14 @@ class RolloutBackend(abc.ABC):
     States: started -> awake; sleep() frees device memory (level 1: weights to host, KV
     cache dropped; level 2: weights dropped too, an update must come before generating);
     wake(tags) brings back "weights" and/or "kv_cache". generate() needs both awake and
-    weights present; calling it otherwise raises."""
+    weights present; calling it otherwise raises.
+
+    Optional capabilities have defaults here: `transfer_backend`, `resident_bytes`,
+    `healthy`, `where_ranks`, `stop`."""
+
+    # vLLM's weight-transfer backend the engine started with ("nccl", "ipc"); None: the
+    # engine takes the update_weights fallback (runtime/workers/weight_sync.py)
+    transfer_backend: str | None = None
 
     @abc.abstractmethod
     def start(self, slice: EngineSlice) -> None:
@@ -94,7 +101,11 @@ class RolloutBackend(abc.ABC):
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenerationRequest],
                  params: SamplingParams) -> list[Generation]:
-        """One response per request, in order."""
+        """Generate one response per request, in order.
+
+        Raises:
+            RuntimeError: the engine is asleep or holds no weights (see the states above).
+        """
 
     @abc.abstractmethod
     def update_weights(self, bucket: WeightBucket) -> None:
@@ -102,7 +113,7 @@ class RolloutBackend(abc.ABC):
 
     @abc.abstractmethod
     def weight_version(self) -> int:
-        """The version of the last complete update (0 before any)."""
+        """Return the version of the last complete update (0 before any)."""
 
     @abc.abstractmethod
     def sleep(self, level: int = 1) -> None:
@@ -111,6 +122,21 @@ class RolloutBackend(abc.ABC):
     @abc.abstractmethod
     def wake(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
         """Re-allocate what sleep() freed."""
+
+    def resident_bytes(self) -> int:
+        """Return the device bytes the engine holds now; -1 when the backend cannot tell."""
+        return -1
+
+    def healthy(self) -> bool:
+        """Answer the supervisor's health check (runtime/workers/supervisor.py): True when
+        every part of the engine answers; an engine of one process is healthy if it answers
+        at all."""
+        return True
+
+    def where_ranks(self) -> list[dict] | None:
+        """Return where each data-parallel rank of the engine runs (runtime/workers/
+        dp_engine.py); None for an engine of one rank."""
+        return None
 
     def stop(self) -> None:  # noqa: B027  (optional: most backends need nothing)
         """Release everything (the job is ending)."""
@@ -173,7 +199,14 @@ class TrainingBackend(abc.ABC):
     States: init -> onloaded; offload() moves weights, gradients and optimizer state off the
     device (colocated runs, while the engines generate); onload() brings them back.
     log_probs and train_step need the onloaded state; export_weights, save and load work in
-    both."""
+    both.
+
+    Optional capabilities have defaults here: `exports_on_every_rank`, `resident_bytes`,
+    `save_hf`, `stop`."""
+
+    # True: export_weights(every_rank=True) yields every tensor on every rank (vLLM's IPC
+    # transfer needs it); False: the ranks share the tensors and only together hold them all
+    exports_on_every_rank: bool = False
 
     @abc.abstractmethod
     def init(self, slice: TrainSlice) -> None:
@@ -183,12 +216,12 @@ class TrainingBackend(abc.ABC):
     @abc.abstractmethod
     def log_probs(self, batch: TrainBatch, model: Literal["actor", "ref"] = "actor"
                   ) -> list[list[float]]:
-        """Per sample, the log-probs of its response tokens under the current actor weights
+        """Return, per sample, the log-probs of its response tokens under the current actor weights
         (or the reference weights), at the rollout temperature."""
 
     @abc.abstractmethod
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on this rank's share of the step's samples (old_log_probs and
+        """Take one optimizer step on this rank's share of the step's samples (old_log_probs and
         advantages filled in; ref_log_probs when a KL loss is on; rollout_log_probs for TIS).
         Returns sums over this rank's response tokens ("response_tokens", "pg_loss",
         "clipped_tokens", "ppo_kl", "kl", "entropy", ...) and per-step scalars prefixed
@@ -197,7 +230,7 @@ class TrainingBackend(abc.ABC):
     @abc.abstractmethod
     def export_weights(self, bucket_bytes: int, every_rank: bool = False,
                        on_device: bool = False) -> Iterator[dict]:
-        """The current weights under HF checkpoint names, in buckets of about bucket_bytes.
+        """Yield the current weights under HF checkpoint names, in buckets of about bucket_bytes.
         Called on every rank (gathers may be collective); ranks holding nothing to send
         yield nothing. every_rank (for backends with `exports_on_every_rank`): every rank
         yields every tensor (vLLM's IPC transfer: each rank shares its copies with the
@@ -210,7 +243,7 @@ class TrainingBackend(abc.ABC):
 
     @abc.abstractmethod
     def onload(self) -> None:
-        """Take the device back."""
+        """Take the device back (what offload() moved away)."""
 
     @abc.abstractmethod
     def save(self, path: Path) -> None:
@@ -234,6 +267,10 @@ class TrainingBackend(abc.ABC):
         """
         raise NotImplementedError(f"the {type(self).__name__} training backend cannot write "
                                   "HF checkpoints")
+
+    def resident_bytes(self) -> int:
+        """Return the device bytes this rank holds now; -1 when the backend cannot tell."""
+        return -1
 
     def stop(self) -> None:  # noqa: B027  (optional: most backends need nothing)
         """Release everything (the job is ending)."""

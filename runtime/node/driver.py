@@ -60,8 +60,15 @@ def load_tokenizer(config: JobConfig):
 
 
 def job_loop(config: JobConfig, train, rollout, metrics, log=log):
-    """The GRPO loop of a job on given training and rollout groups: its tokenizer, prompts,
-    reward and checkpoint folders (runtime/node/torchrun.py, the in-process loop of the tests)."""
+    """Build the GRPO loop of a job on given training and rollout groups: its tokenizer,
+    prompts, reward and checkpoint folders (runtime/node/torchrun.py, the in-process loop of
+    the tests).
+
+    Raises:
+        FileNotFoundError: the model has no tokenizer and is not randomly initialised.
+        ValueError: the tokenizer is larger than the model's vocabulary, or rollout.function
+            cannot be imported.
+    """
     from runtime.rl.loop import GRPOLoop
 
     tokenizer = load_tokenizer(config)
@@ -136,6 +143,15 @@ def _connect_ray() -> None:
 
 
 def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
+    """Run a job on the Ray cluster of RAY_ADDRESS: place the plan's GPUs, start the training
+    ranks and the supervised engines, resume from the newest checkpoint when there is one,
+    run the GRPO loop, then stop the actors and remove the placement group.
+
+    Raises:
+        RuntimeError: RAY_ADDRESS is not set (the driver runs inside a job).
+        FileNotFoundError, ValueError: as job_loop, for the tokenizer and rollout.function.
+        And whatever GRPOLoop.run raises; the actors are stopped first.
+    """
     from runtime.node import placement
     from runtime.rl.loop import GRPOLoop
     from runtime.rl.metrics import MetricsLogger
@@ -160,7 +176,15 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     log("vime: " + group.describe())
     threads = cpu_threads_per_actor(config)
     train, rollout = actors.ray_groups(config, group, threads)
-    rollout = supervisor.supervise(rollout, config, group, threads, log=log)
+    loop: GRPOLoop | None = None  # built below, once the engines are supervised
+
+    def restore_weights(engines) -> None:
+        # a replaced engine gets the version the others serve (none before the first push)
+        if loop is not None and loop.version:
+            train.push_weights(engines, loop.version, config.weight_bucket_bytes)
+
+    rollout = supervisor.supervise(rollout, config, group, threads, log=log,
+                                   restore_weights=restore_weights)
     where = {"train": train.where(), "rollout": rollout.where(),
              "bundles": {f"{n},{g}": b for (n, g), b in group.by_gpu.items()},
              "colocate": config.colocate, "cpu_threads": threads}
@@ -176,13 +200,6 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     loop = GRPOLoop(config, train, rollout, sampler, tokenizer, reward_fn, metrics, checkpoints,
                     log=log, rollout_fn=rollout_fn, load_reward=load_reward)
     restored = loop.restore()
-
-    def restore_weights(engines) -> None:
-        # a replaced engine gets the version the others serve (none before the first push)
-        if loop.version:
-            train.push_weights(engines, loop.version, config.weight_bucket_bytes)
-
-    rollout.restore_weights = restore_weights
     if resume and not restored:
         log(f"vime: asked to resume, but {config.load_dir} holds no checkpoint: starting fresh")
     try:

@@ -78,6 +78,16 @@ class Timer:
 
 
 class GRPOLoop:
+    """Drive a job's rollouts: generate with the rollout group, score, compute advantages
+    and log-probs, train the training group, push weights, log and checkpoint, in the order
+    of this module's docstring.
+
+    It holds the loop's state (next rollout, weight version, the sampler's position), which
+    restore() reads from a checkpoint; the groups hold the models. Build it with the groups
+    (runtime/workers/actors.py) and the job's tokenizer, reward and checkpoint folders
+    (runtime/node/driver.py's run and job_loop), then call restore() and run().
+    """
+
     def __init__(self, config: JobConfig, train, rollout, sampler: PromptSampler, tokenizer,
                  reward_fn: Callable, metrics: MetricsLogger, checkpoints: Checkpoints,
                  log: Callable[[str], None] = print, rollout_fn: Callable | None = None,
@@ -112,7 +122,8 @@ class GRPOLoop:
 
     def restore(self) -> bool:
         """Load the newest checkpoint of checkpoint's load folder whose files match their
-        checksums, if any.
+        checksums, if any: the training group's weights and optimizer, the sampler's
+        position, the next rollout and the weight version. Return whether one was found.
 
         Raises:
             CheckpointError: the newest is corrupt and checkpoint.on_corrupt is "stop".
@@ -131,6 +142,19 @@ class GRPOLoop:
     # ------------------------------------------------------------------------------ run
 
     def run(self) -> None:
+        """Run the rollouts from next_rollout to rollout.num_rollout: push the current
+        weights to the engines, then one_rollout, its metrics line and its checkpoint for
+        each, and the final evaluation when due; close the metrics.
+
+        Raises:
+            NonFiniteError: an advantage, log-prob or training number is NaN or infinite
+                (runtime/rl/guards.py).
+            RewardError: the reward function fails or returns no number (runtime/rl/rewards.py).
+            RolloutFunctionError: rollout.function fails (runtime/rl/custom_rollout.py).
+            EngineFailed: an engine died more often than max_restarts allows
+                (runtime/workers/supervisor.py).
+            CheckpointError: a checkpoint cannot be written (runtime/rl/checkpoint.py).
+        """
         config = self.config
         if self.next_rollout >= config.num_rollout:
             self.log(f"vime: nothing to do: the checkpoint is at rollout {self.next_rollout}, "
@@ -245,6 +269,18 @@ class GRPOLoop:
     # -------------------------------------------------------------------------- rollout
 
     def one_rollout(self, rollout_id: int) -> dict[str, float]:
+        """Run rollout `rollout_id` (evaluate when due, generate, train, save when due, push
+        weights version + 1) and return its metrics; its checkpoint is prepared here and
+        made visible by commit_checkpoint() after the metrics line.
+
+        Raises:
+            NonFiniteError: an advantage, log-prob or training number is NaN or infinite
+                (runtime/rl/guards.py).
+            RewardError: the reward function fails or returns no number (runtime/rl/rewards.py).
+            RolloutFunctionError: rollout.function fails (runtime/rl/custom_rollout.py).
+            EngineFailed: an engine died more often than max_restarts allows
+                (runtime/workers/supervisor.py).
+        """
         config, timer = self.config, Timer()
         n = config.samples_per_prompt
         numbers: dict[str, float] = {"weight_version": self.version}
@@ -326,14 +362,14 @@ class GRPOLoop:
             with timer.phase("offload"):
                 self.train.offload()
                 numbers["memory/actor_bytes_while_generating"] = self.train.resident_bytes()
-                numbers.update(getattr(self.train, "moves", {}))  # a torchrun world has none
+                numbers.update(self.train.moves)
                 self.rollout.wake(["weights"])
         with timer.phase("weight_sync"):
             self.version += 1
             sent = self.train.push_weights(self.rollout, self.version, config.weight_bucket_bytes)
         numbers["weight_sync/bytes"] = sent
-        if hasattr(self.train, "export_seconds"):  # the part of the sync spent exporting
-            numbers["weight_sync/export_s"] = self.train.export_seconds
+        # the part of the sync spent exporting
+        numbers["weight_sync/export_s"] = self.train.export_seconds
         if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.wake(["kv_cache"])
@@ -358,9 +394,7 @@ class GRPOLoop:
             numbers["rollout/masked_token_share"] = 1.0 - sum(map(sum, loss_mask)) / max(
                 sum(response_lens), 1)
             numbers["rollout/turns_mean"] = statistics.fmean(self.turns)
-        # runtime/workers/supervisor.py: engines replaced so far
-        if hasattr(self.rollout, "restarts"):
-            numbers["rollout/engine_restarts"] = sum(self.rollout.restarts)
+        numbers.update(self.rollout.rollout_numbers())
         numbers.update(refill.numbers())
         if config.sampling.overlong == "penalty":
             numbers["reward/overlong_penalty"] = statistics.fmean(

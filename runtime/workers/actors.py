@@ -50,7 +50,7 @@ class _Host:
         return _where()
 
     def resident_bytes(self) -> int:
-        return getattr(self.backend, "resident_bytes", lambda: -1)()
+        return self.backend.resident_bytes()
 
     def stop(self) -> None:
         self.backend.stop()
@@ -130,8 +130,8 @@ class TrainWorker(_Host):
         `exports_on_every_rank` (both of vime's: the torch one is data parallel, the
         Megatron gather leaves every full tensor on every rank) yields everything on every
         rank when asked, which vLLM's IPC path needs."""
-        return RankExport(on_cuda=actor_on_cuda(), holds_all=self.world == 1 or bool(
-            getattr(self.backend, "exports_on_every_rank", False)))
+        return RankExport(on_cuda=actor_on_cuda(),
+                          holds_all=self.world == 1 or bool(self.backend.exports_on_every_rank))
 
     def send_weights(self, engines: Sequence, version: int, bucket_bytes: int,
                      route: SyncRoute) -> int:
@@ -203,14 +203,15 @@ class RolloutWorker(_Host):
 
     def where(self) -> dict:
         info = _where()
-        if hasattr(self.backend, "where_ranks"):
-            info["dp_ranks"] = self.backend.where_ranks()
+        ranks = self.backend.where_ranks()
+        if ranks is not None:
+            info["dp_ranks"] = ranks
         return info
 
     def transfer_backend(self) -> str | None:
         """vLLM's weight-transfer backend the engine started with; None for an engine
         without one (the torch engines), which takes the fallback."""
-        return getattr(self.backend, "transfer_backend", None)
+        return self.backend.transfer_backend
 
     def generate(self, requests, params):
         return self.backend.generate(requests, params)
@@ -230,7 +231,7 @@ class RolloutWorker(_Host):
     def ping(self) -> bool:
         """The supervisor's health check (runtime/workers/supervisor.py): the actor answers (and,
         for an engine of several DP ranks, so do its ranks)."""
-        return getattr(self.backend, "healthy", lambda: True)()
+        return self.backend.healthy()
 
     def call(self, method: str, *args):
         """A backend's own method (vLLM's weight-transfer steps, runtime/backends/
@@ -422,6 +423,11 @@ class RolloutGroup:
 
     def where(self) -> list[dict]:
         return _call_all(self.workers, "where")
+
+    def rollout_numbers(self) -> dict[str, float]:
+        """Return the group's own numbers for a rollout's metrics: none for engines that
+        nobody restarts (runtime/workers/supervisor.py reports its restarts)."""
+        return {}
 
     def receive_weights(self, push: Callable[[], int]) -> int:
         """push() sends the weights to these engines; a group that restarts engines

@@ -17,8 +17,8 @@ push's own and is raised as it is.
 
 Such an engine is killed and replaced: a fresh actor on the same placement-group bundle,
 started with the same EngineSlice (`make_engine`), then given the weights of the current
-version by the actor (`restore_weights`, set by the driver: `TrainGroup.push_weights` to
-a group of just the new engine, which checks the version it reports). Its share of the
+version by the actor (`restore_weights`, passed in by the driver: `TrainGroup.push_weights`
+to a group of just the new engine, which checks the version it reports). Its share of the
 requests is then sent again; requests carry their own seeds, so a retried sample is the
 sample the dead engine would have returned. Each engine may be replaced `max_restarts`
 times in a run (MAX_RESTARTS = 3 by default, a constant and not a spec key); the next death
@@ -48,7 +48,8 @@ class SupervisedRollout(RolloutGroup):
                  nodes: Sequence[Sequence[int]], max_restarts: int = MAX_RESTARTS,
                  health_timeout_s: float = HEALTH_TIMEOUT_S,
                  generate_timeout_s: float = GENERATE_TIMEOUT_S,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print,
+                 restore_weights: Callable[[RolloutGroup], None] | None = None):
         super().__init__(workers)
         self.make_engine = make_engine  # index -> a started engine actor on its bundle
         self.nodes = [tuple(n) for n in nodes]
@@ -57,8 +58,9 @@ class SupervisedRollout(RolloutGroup):
         self.generate_timeout_s = generate_timeout_s
         self.log = log
         self.restarts = [0] * len(self.workers)
-        # new engine group -> the current weights pushed into it; set once the actor exists
-        self.restore_weights: Callable[[RolloutGroup], None] | None = None
+        # new engine group -> the current weights pushed into it; None: a new engine starts
+        # with the weights it loads itself
+        self.restore_weights = restore_weights
 
     # ----------------------------------------------------------------------------- health
 
@@ -171,6 +173,10 @@ class SupervisedRollout(RolloutGroup):
 
     def resident_bytes(self) -> int:
         return sum(self._each("resident_bytes"))
+
+    def rollout_numbers(self) -> dict[str, float]:
+        """Return the engines replaced so far, for the rollout's metrics."""
+        return {"rollout/engine_restarts": sum(self.restarts)}
 
     def where(self) -> list[dict]:
         return self._each("where")

@@ -111,8 +111,9 @@ def test_a_dead_rank_restarts_the_whole_engine_and_its_requests_are_retried(grou
 
     config, group, train, rollout = groups
     lines: list[str] = []
-    engines = supervisor.supervise(rollout, config, group, cpu_threads=1, log=lines.append)
-    engines.restore_weights = lambda fresh: train.push_weights(fresh, 1, 1 << 20)
+    engines = supervisor.supervise(
+        rollout, config, group, cpu_threads=1, log=lines.append,
+        restore_weights=lambda fresh: train.push_weights(fresh, 1, 1 << 20))
     train.push_weights(engines, 1, 1 << 20)
     requests = _requests(8000)  # each rank busy for seconds: the kill finds it generating
     expected = engines.generate(requests, PARAMS)

@@ -37,8 +37,8 @@ def _requests(count: int) -> list[GenerationRequest]:
 
 def _supervised(config, group, train, rollout, lines, **options):
     engines = supervisor.supervise(rollout, config, group, cpu_threads=1, log=lines.append,
-                                   **options)
-    engines.restore_weights = lambda fresh: train.push_weights(fresh, 1, 1 << 20)
+                                   restore_weights=lambda fresh: train.push_weights(
+                                       fresh, 1, 1 << 20), **options)
     train.push_weights(engines, 1, 1 << 20)
     return engines
 
@@ -168,3 +168,19 @@ def test_a_dead_training_actor_is_named_in_the_jobs_error(groups, tmp_path):
     line = one_line(failure.value, config.job_dir, tmp_path / "node-0.log")
     host, pid = where["train"][1]["host"], where["train"][1]["pid"]
     assert line.startswith(f"TrainWorker (training rank 1 on {host}, pid {pid}) died: "), line
+
+
+def test_a_replaced_engine_gets_weights_from_the_callback_passed_in_and_is_counted():
+    """Without Ray actors: the callback given at construction receives a group of just the
+    new engine, and the restarts reach the rollout's metrics; a plain group reports none."""
+    restored: list[list] = []
+    engines = supervisor.SupervisedRollout(
+        ["engine 0", "engine 1"], make_engine=lambda index: f"engine {index}, restarted",
+        nodes=[[0], [1]], log=lambda line: None,
+        restore_weights=lambda fresh: restored.append(fresh.workers))
+    assert engines.rollout_numbers() == {"rollout/engine_restarts": 0}
+    engines.replace(1, "a test")
+    assert restored == [["engine 1, restarted"]]
+    assert engines.workers == ["engine 0", "engine 1, restarted"]
+    assert engines.rollout_numbers() == {"rollout/engine_restarts": 1}
+    assert actors.RolloutGroup(["engine 0"]).rollout_numbers() == {}
