@@ -480,7 +480,9 @@ class Checkpoints:
             if hf_checkpoint and (Path(hf_checkpoint) / hf_folder.CONFIG_FILE).is_file():
                 shutil.copyfile(Path(hf_checkpoint) / hf_folder.CONFIG_FILE,
                                 partial / hf_folder.CONFIG_FILE)
-            copied = hf_folder.copy_tokenizer(Path(hf_checkpoint or ""), partial)
+            # Path("") is the working folder: without hf_checkpoint nothing is copied
+            copied = hf_folder.copy_tokenizer(Path(hf_checkpoint), partial) \
+                if hf_checkpoint else []
             if not copied and hasattr(tokenizer, "save_pretrained"):
                 tokenizer.save_pretrained(str(partial))
             if not (partial / hf_folder.WEIGHTS_FILE).is_file():
