@@ -214,6 +214,11 @@ def verify(folder: Path, checksums: bool = True) -> str | None:
     listed = state.get("files")
     if listed is None:
         return None
+    if not isinstance(listed, dict) or not all(
+            isinstance(want, dict) and isinstance(want.get("bytes"), int)
+            and isinstance(want.get("sha256"), str) for want in listed.values()):
+        return (f"{folder / STATE}: its file list is not {{name: {{\"bytes\", \"sha256\"}}}} "
+                "as a save writes it (the file was edited or damaged)")
     for name, want in sorted(listed.items()):
         path = folder / name
         try:
@@ -346,11 +351,9 @@ class Checkpoints:
             return 0
         try:
             listed = json.loads((newest / STATE).read_text()).get("files")
-        except (OSError, ValueError):
-            listed = None
-        if isinstance(listed, dict):
             return sum(int(f["bytes"]) for f in listed.values())
-        return _tree_bytes(newest)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return _tree_bytes(newest)  # no file list, or a damaged one
 
     def check_space(self, needed: int | None = None) -> None:
         """Raises CheckpointError when the save folder's file system has less free space
@@ -480,7 +483,9 @@ class Checkpoints:
             if hf_checkpoint and (Path(hf_checkpoint) / hf_folder.CONFIG_FILE).is_file():
                 shutil.copyfile(Path(hf_checkpoint) / hf_folder.CONFIG_FILE,
                                 partial / hf_folder.CONFIG_FILE)
-            copied = hf_folder.copy_tokenizer(Path(hf_checkpoint or ""), partial)
+            # Path("") is the working folder: without hf_checkpoint nothing is copied
+            copied = hf_folder.copy_tokenizer(Path(hf_checkpoint), partial) \
+                if hf_checkpoint else []
             if not copied and hasattr(tokenizer, "save_pretrained"):
                 tokenizer.save_pretrained(str(partial))
             if not (partial / hf_folder.WEIGHTS_FILE).is_file():

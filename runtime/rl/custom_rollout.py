@@ -426,6 +426,9 @@ class CustomRollout:
         try:
             await scheduler.run(tasks)
         finally:
+            # the samples are done: what follows (cancelled tasks, asyncio.run waiting for
+            # the threads of asyncio.to_thread tools still running) is not a blocked function
+            scheduler.watch.stop.set()
             for task in (*tasks.values(), tick):
                 task.cancel()
             await asyncio.gather(*tasks.values(), tick, return_exceptions=True)

@@ -17,8 +17,16 @@ class NonFiniteError(RuntimeError):
 
 
 def _finite_row(row) -> bool:
-    # log-probs are <= 0 and bounded: their sum is infinite or NaN only when one of them is
-    return math.isfinite(math.fsum(row)) if row else True
+    # log-probs are <= 0 and bounded: their sum is infinite or NaN only when one of them is;
+    # fsum raises ValueError on inf + -inf and OverflowError past the float range
+    if not row:
+        return True
+    try:
+        return math.isfinite(math.fsum(row))
+    except OverflowError:
+        return all(math.isfinite(value) for value in row)
+    except ValueError:
+        return False
 
 
 def check_batch(rollout_id: int, advantages, log_probs: dict[str, list], describe) -> None:

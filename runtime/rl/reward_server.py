@@ -8,7 +8,7 @@ Request (JSON, one per batch of at most `batch_size` samples):
 Response: {"scores": [...]} with one entry per sample, in order: a number, or a dict with a
 numeric "score" (its other numeric entries are logged as reward/<key>), as a reward function
 returns. A batch whose request fails (no connection, a timeout of rollout.reward_timeout_s,
-an HTTP 5xx or 429) is sent again up to `retries` times, waiting 0.5 s, 1 s, 2 s, ...; then
+an HTTP 5xx or 429, an answer cut short) is sent again up to `retries` times, waiting 0.5 s, 1 s, 2 s, ...; then
 the job stops with an error naming the server and the batch's first sample. An answer that
 is not such JSON stops it at once (the server is up and wrong). This module moves the bytes;
 runtime/rl/rewards.py checks every score as it checks a reward function's.
@@ -16,6 +16,7 @@ runtime/rl/rewards.py checks every score as it checks a reward function's.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -61,7 +62,10 @@ class RewardServer:
                 if err.code not in RETRY_STATUSES:
                     break
                 continue
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+            # http.client.HTTPException: the exchange broke (a body cut short, a line that is
+            # no status line); neither is an OSError, and the next request may succeed
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError,
+                    http.client.HTTPException) as err:
                 problem = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
                 continue
             try:

@@ -61,6 +61,11 @@ class Group:
 GroupFilter = Callable[..., bool]
 
 
+class FilterError(RuntimeError):
+    """rollout.dynamic_sampling_filter raised; the message names the filter and the group's
+    prompt. Nothing of the rollout was trained or saved."""
+
+
 def load_filter(name: str) -> GroupFilter:
     """rollout.dynamic_sampling_filter: "module.path:function".
 
@@ -86,9 +91,17 @@ def keeps(group: Group, user_filter: GroupFilter | None) -> bool:
         return False
     if user_filter is None:
         return True
-    return bool(user_filter(rewards=list(group.scores),
-                            responses=[g.token_ids for g in group.generations],
-                            prompt=group.prompt.text, label=group.prompt.label))
+    try:
+        return bool(user_filter(rewards=list(group.scores),
+                                responses=[g.token_ids for g in group.generations],
+                                prompt=group.prompt.text, label=group.prompt.label))
+    except Exception as err:
+        name = (f"{getattr(user_filter, '__module__', '?')}:"
+                f"{getattr(user_filter, '__qualname__', type(user_filter).__name__)}")
+        raise FilterError(
+            f"rollout.dynamic_sampling_filter {name} raised {type(err).__name__}: {err} on the "
+            f"group of the prompt at line {group.prompt.index + 1} of data.prompt_data; "
+            "nothing of this rollout was trained or saved") from err
 
 
 @dataclass

@@ -78,3 +78,14 @@ def test_vime_submit_refuses_a_held_experiment_before_starting_anything(live_hol
     assert "is in use by job local-holder1 (local)" in done.stderr
     assert f"pid {child.pid}" in done.stderr
     assert sorted(p.name for p in folder.iterdir()) == [lock.LOCK_FILE]  # no job folder
+
+
+def test_an_unreadable_lock_is_named_not_blamed_on_the_job_asking(tmp_path):
+    folder = tmp_path / "runs" / "tiny-cpu"
+    folder.mkdir(parents=True)
+    (folder / lock.LOCK_FILE).write_text("")  # a lock written without its content reaching disk
+    with pytest.raises(lock.ExperimentLocked) as held:
+        lock.acquire(folder, lock.holder_now("local-asking", "local", os.getpid()))
+    message = str(held.value)
+    assert "local-asking" not in message, message
+    assert f"{folder / lock.LOCK_FILE} cannot be read" in message, message

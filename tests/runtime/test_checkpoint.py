@@ -163,3 +163,17 @@ def test_a_resume_starts_from_the_checkpoint_latest_names(tmp_path):
                                               "does not match its recorded sha256"):
         checkpoints.resume_point()
     assert checkpoints.resume_point("previous").name == "rollout_000004"
+
+
+@pytest.mark.parametrize("files", [[], {"train/weights.txt": 3}, {"train/weights.txt": {}}],
+                         ids=["list", "number", "no-size"])
+def test_a_state_json_with_a_damaged_file_list_is_named_on_resume(tmp_path, files):
+    checkpoints = Checkpoints(tmp_path / "ckpt")
+    folder = checkpoints.save(0, FakeTrain("a"), {"next_rollout": 1})
+    state = json.loads((folder / "state.json").read_text())
+    (folder / "state.json").write_text(json.dumps({**state, "files": files}))
+    with pytest.raises(CheckpointError, match=f"{folder / 'state.json'}: its file list"):
+        checkpoints.resume_point()
+    # the next save's space check measures the files on disk instead
+    assert checkpoints.expected_bytes() == sum(p.stat().st_size for p in folder.rglob("*")
+                                               if p.is_file())

@@ -7,6 +7,7 @@ with nothing trained, saved or advanced."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -154,6 +155,22 @@ def test_preflight_names_a_function_missing_or_not_async():
     assert "is not an `async def` function" in function_problem("runtime.toy:reward")
     assert "runtime.toy_tools has no rollouts" in function_problem("runtime.toy_tools:rollouts")
     assert "cannot import no_such_module" in function_problem("no_such_module:rollout")
+
+
+async def leaves_a_tool_thread(ctx):
+    if ctx.index == 1:  # a tool given up on: its thread runs on after the sample is done
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(time.sleep, 1.5), 0.05)
+    await ctx.generate()
+    return 0.0
+
+
+def test_a_tool_thread_outliving_its_sample_is_not_a_blocked_function(tmp_path):
+    config = tools_config(tmp_path, rollout__function_timeout_s="0.5", rollout__num_rollout="1")
+    loop = in_process_loop(config)
+    loop.custom.function = leaves_a_tool_thread
+    loop.run()  # asyncio.run waits for the thread after the samples: no tick, no function
+    assert [record["rollout"] for record in metrics(config.job_dir)] == [0]
 
 
 def test_routes_keep_each_row_from_the_first_call_that_fed_its_token():

@@ -109,6 +109,10 @@ def test_non_finite_training_numbers_stop_the_step():
     with pytest.raises(guards.NonFiniteError, match="the actor log-probs of sample 1"):
         guards.check_batch(2, [0.5, -0.5], {"actor": [[-1.0, -2.0], [-1.0, -math.inf]]},
                            lambda i: f"sample {i}")
+    # +inf beside -inf in one row: the row's sum is no number at all
+    with pytest.raises(guards.NonFiniteError, match="the reference log-probs of sample 0"):
+        guards.check_batch(2, [0.5], {"reference": [[math.inf, -math.inf]]},
+                           lambda i: f"sample {i}")
 
 
 # ----------------------------------------------------------------------- corrupt checkpoints

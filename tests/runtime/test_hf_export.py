@@ -120,3 +120,19 @@ def test_an_hf_save_that_cannot_fit_is_refused_before_writing(tmp_path):
         with pytest.raises(CheckpointError, match="not enough free space"):
             checkpoints.save_hf(1, FakeTrain(2.0, floats=1 << 16), None)
         assert [p.name for p in (disk / "ckpt" / "hf").iterdir()] == ["rollout_000000"]
+
+
+class SavedTokenizer:
+    def save_pretrained(self, folder: str) -> None:
+        (Path(folder) / "tokenizer_config.json").write_text('{"saved": "by the run"}\n')
+
+
+def test_without_hf_checkpoint_the_runs_tokenizer_is_saved_not_the_working_folders(
+        tmp_path, monkeypatch):
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    (elsewhere / "tokenizer.json").write_text('{"of": "another model"}\n')
+    monkeypatch.chdir(elsewhere)
+    folder = Checkpoints(tmp_path / "ckpt").save_hf(0, FakeTrain(1.0), None, SavedTokenizer())
+    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors",
+                                                         "tokenizer_config.json"]

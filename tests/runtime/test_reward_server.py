@@ -149,3 +149,46 @@ def test_metadata_reaches_a_reward_that_takes_it_and_spares_one_that_does_not():
     assert rewards.caller(with_metadata, 5.0).score_many(SAMPLES[:1], [call]) == [(1.0, {})]
     assert rewards.caller(rewards.load("deepscaler"), 5.0).score_many(
         SAMPLES[:1], [call]) == [(1.0, {})]
+
+
+class BrokenHTTPServer:
+    """A loopback socket that reads each request and answers `reply` bytes, then closes: a
+    server that breaks the HTTP exchange itself (a cut body, a line that is no status)."""
+
+    def __init__(self, reply: bytes):
+        self.reply, self.requests = reply, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/score"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self):
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.recv(65536)
+                self.requests += 1
+                connection.sendall(self.reply)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.listener.close()
+
+
+@pytest.mark.parametrize("reply", [
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    b'{"scores": [',
+    b"garbage\r\n\r\n",
+], ids=["cut-body", "no-status-line"])
+def test_a_broken_answer_is_retried_and_named_with_the_sample(reply):
+    with BrokenHTTPServer(reply) as server, pytest.raises(RewardError) as caught:
+        scorer(server.url, retries=1, backoff_s=0.01).score_many(SAMPLES[:2], CALLS[:2])
+    message = str(caught.value)
+    assert f"{server.url} failed 2 time(s)" in message
+    assert "rollout 0, sample 0 (prompt at prompts.jsonl:1)" in message
+    assert server.requests == 2

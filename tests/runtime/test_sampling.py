@@ -13,7 +13,15 @@ import pytest
 from runtime.core.slices import EvalConfig, SamplingPolicy
 from runtime.rl.data import Prompt
 from runtime.rl.evaluation import due, is_correct, pass_at_k, summarise
-from runtime.rl.sampling import Group, Refill, keeps, load_filter, mask_overlong, overlong_penalty
+from runtime.rl.sampling import (
+    FilterError,
+    Group,
+    Refill,
+    keeps,
+    load_filter,
+    mask_overlong,
+    overlong_penalty,
+)
 from vime.render import pass_at_ks
 
 
@@ -113,6 +121,13 @@ def test_a_group_of_equal_rewards_is_filtered_and_the_user_filter_can_drop_more(
     assert seen == [([0.0, 1.0], 2, "What is 3 + 4?")] * 2
     with pytest.raises(ValueError, match="has no missing"):
         load_filter("vime_test_filters:missing")
+
+    def by_label(rewards, responses, prompt, label):
+        return {"7": True}[label]
+
+    with pytest.raises(FilterError, match=r"filter .*by_label raised KeyError: '8' on the group "
+                                          "of the prompt at line 1 of data.prompt_data"):
+        keeps(_group([0.0, 1.0], label="8"), by_label)
     with pytest.raises(ValueError, match="cannot import"):
         load_filter("no_such_module_here:f")
 

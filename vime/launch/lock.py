@@ -51,8 +51,15 @@ class Holder:
 class ExperimentLocked(Exception):
     """Another live job holds the experiment; the message names it and what to do."""
 
-    def __init__(self, folder: Path, holder: Holder):
+    def __init__(self, folder: Path, holder: Holder | None):
+        """holder: None when the lock file exists and cannot be read (names no job)."""
         self.folder, self.holder = folder, holder
+        if holder is None:
+            super().__init__(
+                f"experiment {folder.name} has a lock file that cannot be read "
+                f"({folder / LOCK_FILE} cannot be read as a lock): when no job of this "
+                "experiment runs, remove it; or run beside it with --fresh")
+            return
         super().__init__(
             f"experiment {folder.name} is in use by {holder.describe()} (lock {folder / LOCK_FILE}). "
             f"Wait for it, stop it with `vime cancel {holder.job_id}`, or run beside it with "
@@ -119,7 +126,10 @@ def acquire(folder: Path, holder: Holder) -> Holder | None:
     replaced = None
     for _ in range(5):
         tmp = folder / f".{LOCK_FILE}.{uuid.uuid4().hex[:8]}"
-        tmp.write_text(json.dumps(asdict(holder), indent=1) + "\n")
+        with open(tmp, "w") as handle:  # the content on disk before the name: never empty
+            handle.write(json.dumps(asdict(holder), indent=1) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
         try:
             os.link(tmp, path)
             return replaced
@@ -147,8 +157,7 @@ def acquire(folder: Path, holder: Holder) -> Holder | None:
             continue
         aside.unlink(missing_ok=True)
         replaced = current
-    current = read(folder)
-    raise ExperimentLocked(folder, current or holder)
+    raise ExperimentLocked(folder, read(folder))  # None: a lock.json that stays unreadable
 
 
 def check(folder: Path) -> None:
