@@ -138,6 +138,19 @@ def _tree_bytes(root: Path) -> int:
     return sum(path.stat().st_size for path in _files(root))
 
 
+def _rename_into_place(partial: Path, final: Path) -> None:
+    """A written folder renamed to its final name, in the same parent; a folder already there
+    (the same rollout saved again by a resumed run) is moved aside first and then removed."""
+    if final.exists():
+        old = final.parent / _partial_name(f"old-{final.name}")
+        os.rename(final, old)
+        os.rename(partial, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(partial, final)
+    _fsync_dir(final.parent)
+
+
 def _partial_name(final_name: str) -> str:
     """.partial-<checkpoint>-<random>-<pid>@<host>: who writes it, for the clean-up."""
     return f"{PARTIAL}{final_name}-{uuid.uuid4().hex[:8]}-{os.getpid()}@{socket.gethostname()}"
@@ -418,14 +431,7 @@ class Checkpoints:
         """The prepared save renamed into place, then `latest` moved to it; then
         checkpoint.keep_last applied."""
         final, partial = pending.final, pending.partial
-        if final.exists():  # the same rollout saved again (a resumed run): replace it
-            old = self.save_dir / _partial_name(f"old-{final.name}")
-            os.rename(final, old)
-            os.rename(partial, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(partial, final)
-        _fsync_dir(self.save_dir)
+        _rename_into_place(partial, final)
         pointer = self.save_dir / f".{LATEST}.{uuid.uuid4().hex[:8]}"
         pointer.write_text(final.name + "\n")
         with open(pointer, "rb") as handle:
@@ -503,14 +509,7 @@ class Checkpoints:
                                       f"{err.strerror or err} ({err.filename or partial})") \
                     from err
             raise
-        if final.exists():
-            old = self.hf_dir / _partial_name(f"old-{final.name}")
-            os.rename(final, old)
-            os.rename(partial, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(partial, final)
-        _fsync_dir(self.hf_dir)
+        _rename_into_place(partial, final)
         self._keep_last_of(self.hf_folders(), final, self.hf_dir)
         return final
 
