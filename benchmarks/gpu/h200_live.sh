@@ -15,6 +15,13 @@
 #                                              # the backend vs the plain loop in 10 rounds
 #   bash benchmarks/gpu/h200_live.sh startup   # issue 18: a Qwen3-30B-A3B-shaped engine's start-up
 #                                              # log (weights, activations, graphs, KV cache)
+#   bash benchmarks/gpu/h200_live.sh algorithms  # the toy task under each advantage estimator and
+#                                              # Dr.GRPO, grpo with [eval] (pass@k): 5 runs at once
+#   bash benchmarks/gpu/h200_live.sh dynamic   # a run that plateaus and the same seed with dynamic
+#                                              # sampling, side by side (2 runs at once)
+#   bash benchmarks/gpu/h200_live.sh tools     # the multi-turn tool example, Megatron actor
+#   bash benchmarks/gpu/h200_live.sh kill      # the engine's process killed mid-generation, beside
+#                                              # the same run left alone
 #
 # Transformer Engine's install and its runs (issue 19 item 2) are benchmarks/gpu/h200_te.sh's.
 #
@@ -64,7 +71,40 @@ grpo() {  # NAME SPEC [--set ...]: one run of the loop, its summary line printed
   echo "$name: exit $rc"
 }
 
-step=${1:?install, grpo, fallback, sync, rollout, mp, grid, grouped or startup}
+# Several runs at once on the one GPU, each with its own Ray and experiment: every engine takes
+# a small share of the memory, starts eager (no shared compile cache to race on) and a few
+# seconds after the previous one (vLLM's memory profile counts what else the GPU allocates).
+parallel() {  # NAME SPEC [--set ...] ; NAME SPEC ... : runs separated by ";" arguments
+  local pids=() names=() run=() stagger=0
+  launch() {
+    local name=$1; shift
+    ( sleep "$stagger"; grpo "$name" "$@" --set inference.gpu_memory_utilization="${UTIL:-0.1}" \
+        --set 'inference.extra_args=["--enforce-eager"]' ) > "$out/$name.summary" 2>&1 &
+    pids+=($!); names+=("$name"); stagger=$((stagger + ${STAGGER:-20}))
+  }
+  for arg in "$@"; do
+    if [ "$arg" = ";" ]; then launch "${run[@]}"; run=(); else run+=("$arg"); fi
+  done
+  [ ${#run[@]} -gt 0 ] && launch "${run[@]}"
+  wait "${pids[@]}"
+  for name in "${names[@]}"; do cat "$out/$name.summary"; done
+  python3 - "$out" "${names[@]}" <<'PY'
+import json, sys
+out = sys.argv[1]
+for name in sys.argv[2:]:
+    try:
+        r = json.load(open(f"{out}/{name}.json"))
+    except OSError:
+        print(name, "no result"); continue
+    reward = r["reward"]
+    evals = {k: [round(m[k], 3) for m in r["metrics"] if k in m]
+             for k in sorted({k for m in r["metrics"] for k in m if k.startswith("eval/")})}
+    print(name, "reward first 5", round(sum(reward[:5]) / 5, 3), "last 5", round(sum(reward[-5:]) / 5, 3),
+          "max", max(reward), "gap", r["logprob_abs_diff"][:2], r["logprob_abs_diff"][-2:], evals)
+PY
+}
+
+step=${1:?install, grpo, fallback, sync, rollout, mp, grid, grouped, startup, algorithms, dynamic, tools or kill}
 setup || { echo "setup failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case $step in
@@ -145,5 +185,69 @@ PY
     echo "startup: exit $?"
     grep -E "Model loading took|KV cache|CUDA graph|Graph capturing|memory profiling|torch.compile|Maximum concurrency|RESULT" \
       "$out/startup.log" | cut -c1-300 | head -30 ;;
+  algorithms)
+    [ -d build/tiny-qwen3-moe ] || python3 benchmarks/gpu/tiny_moe.py build/tiny-qwen3-moe
+    parallel algo-grpo specs/tiny_h200.toml --set experiment.name=h200-algo-grpo --set eval.interval=5 \
+        --set 'eval.datasets=[{name="arith", prompt_data="data/tiny_arithmetic.jsonl", n_samples_per_prompt=4}]' \
+      ";" algo-gspo specs/tiny_h200.toml --set experiment.name=h200-algo-gspo \
+        --set 'algorithm.advantage_estimator="gspo"' --set algorithm.eps_clip=3e-4 --set algorithm.eps_clip_high=4e-4 \
+      ";" algo-rpp specs/tiny_h200.toml --set experiment.name=h200-algo-rpp \
+        --set 'algorithm.advantage_estimator="reinforce_plus_plus"' \
+      ";" algo-rloo specs/tiny_h200.toml --set experiment.name=h200-algo-rloo \
+        --set 'algorithm.advantage_estimator="rloo"' \
+      ";" algo-drgrpo specs/tiny_h200.toml --set experiment.name=h200-algo-drgrpo \
+        --set 'algorithm.loss_aggregation="seq-mean-token-sum-norm"' --set algorithm.std_normalization=false ;;
+  dynamic)
+    [ -d build/tiny-qwen3-moe ] || python3 benchmarks/gpu/tiny_moe.py build/tiny-qwen3-moe
+    plateau=(--set rollout.n_samples_per_prompt=2 --set rollout.temperature=0.5 --set train.micro_batch_size=8
+             --set rollout.num_rollout="${ROLLOUTS:-40}")
+    parallel dyn-off specs/tiny_h200.toml --set experiment.name=h200-dyn-off "${plateau[@]}" \
+      ";" dyn-on specs/tiny_h200.toml --set experiment.name=h200-dyn-on "${plateau[@]}" \
+        --set rollout.dynamic_sampling=true ;;
+  tools)
+    [ -d build/tiny-qwen3-moe-tools ] || python3 benchmarks/gpu/tiny_moe.py build/tiny-qwen3-moe-tools \
+      --prompts specs/data/tiny_arithmetic_tools.jsonl
+    grpo tools specs/tiny_h200_tools.toml --set experiment.name=h200-tools ;;
+  kill)
+    # the run whose engine is killed carries VIME_RUN_TAG=kill in its environment (Ray's workers
+    # inherit the driver's): the engine process is the one titled ray::RolloutWorker.generate
+    # with that tag, killed (SIGKILL) the first time it generates after rollout AFTER's metrics
+    [ -d build/tiny-qwen3-moe ] || python3 benchmarks/gpu/tiny_moe.py build/tiny-qwen3-moe
+    (
+      after=${AFTER:-4}
+      while :; do
+        metrics=$(ls -t build/runs/h200-kill/live-*/metrics.jsonl 2>/dev/null | head -1)
+        [ -n "$metrics" ] && [ "$(wc -l < "$metrics")" -ge "$after" ] && break; sleep 0.5
+      done
+      while :; do
+        for pid in $(pgrep -f "ray::RolloutWorker.generate"); do
+          if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx VIME_RUN_TAG=kill; then
+            kill -9 "$pid" && echo "killed engine pid $pid during generate, after $(wc -l < "$metrics") rollouts, $(date -u +%T.%N)"
+            exit 0
+          fi
+        done
+        sleep 0.01
+      done
+    ) > "$out/kill-watch.log" 2>&1 &
+    watcher=$!
+    small=(--set rollout.num_rollout="${ROLLOUTS:-12}" --set inference.gpu_memory_utilization="${UTIL:-0.1}"
+           --set 'inference.extra_args=["--enforce-eager"]')
+    ( VIME_RUN_TAG=kill grpo kill specs/tiny_h200.toml --set experiment.name=h200-kill "${small[@]}" ) \
+      > "$out/kill.summary" 2>&1 &
+    first=$!
+    ( sleep "${STAGGER:-20}"; grpo nokill specs/tiny_h200.toml --set experiment.name=h200-nokill "${small[@]}" ) \
+      > "$out/nokill.summary" 2>&1 &
+    wait "$first" $!
+    cat "$out/kill.summary" "$out/nokill.summary"
+    kill "$watcher" 2>/dev/null; cat "$out/kill-watch.log"
+    grep -E "restart|EngineFailed|replac" "$out/kill.log" | head -20
+    python3 - "$out" <<'PY'
+import json, sys
+a, b = (json.load(open(f"{sys.argv[1]}/{n}.json")) for n in ("kill", "nokill"))
+print("reward kill  ", a["reward"]); print("reward nokill", b["reward"])
+print("restarts", [m.get("rollout/engine_restarts") for m in a["metrics"]])
+print("generate s kill", [round(m.get("time/generate", 0), 2) for m in a["metrics"]])
+PY
+    ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

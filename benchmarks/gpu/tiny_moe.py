@@ -4,6 +4,8 @@ vime, megatron-core and vLLM all read the same folder.
 
     python benchmarks/gpu/tiny_moe.py build/tiny-qwen3-moe                 # specs/tiny_h200.toml
     python benchmarks/gpu/tiny_moe.py DIR --shape qwen3-30b-a3b --layers 4 # a 30B-A3B slice
+    python benchmarks/gpu/tiny_moe.py build/tiny-qwen3-moe-tools \
+        --prompts specs/data/tiny_arithmetic_tools.jsonl              # specs/tiny_h200_tools.toml
 
 The weights are random (seeded); --shape qwen3-30b-a3b takes Qwen3-30B-A3B's dimensions
 (hidden 2048, 128 experts of 768, top-8, vocab 151,936) with fewer layers.
@@ -29,16 +31,19 @@ SHAPES = {
 }
 
 
-def shape_and_tokenizer(name: str, layers: int | None = None) -> tuple[dict, object]:
-    """A shape of SHAPES (with `layers` layers) and the toy task's tokenizer, the vocabulary
-    at least the tokenizer's (also benchmarks/gpu/rollout_bench.py's)."""
+PROMPTS = ROOT / "specs" / "data" / "tiny_arithmetic.jsonl"
+
+
+def shape_and_tokenizer(name: str, layers: int | None = None,
+                        prompts: Path = PROMPTS) -> tuple[dict, object]:
+    """A shape of SHAPES (with `layers` layers) and the word-level tokenizer of a toy task's
+    prompts, the vocabulary at least the tokenizer's (also benchmarks/gpu/rollout_bench.py's)."""
     from runtime import toy
 
     shape = dict(SHAPES[name])
     if layers:
         shape["num_hidden_layers"] = layers
-    tokenizer = toy.build_tokenizer(toy.prompt_texts(
-        str(ROOT / "specs" / "data" / "tiny_arithmetic.jsonl"), "prompt", "label"))
+    tokenizer = toy.build_tokenizer(toy.prompt_texts(str(prompts), "prompt", "label"))
     shape["vocab_size"] = max(shape["vocab_size"], len(tokenizer))
     return shape, tokenizer
 
@@ -54,9 +59,11 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--layers", type=int)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--prompts", type=Path, default=PROMPTS,
+                        help="the JSONL prompts whose words make the tokenizer")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    shape, tokenizer = shape_and_tokenizer(args.shape, args.layers)
+    shape, tokenizer = shape_and_tokenizer(args.shape, args.layers, args.prompts)
     config = transformers.Qwen3MoeConfig(
         **shape, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
         tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6,
