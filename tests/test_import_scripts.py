@@ -124,8 +124,9 @@ def test_each_key_names_the_flag_and_the_line_it_came_from(capsys, tmp_path):
     # a model flag points into the sourced models file
     assert any(line.startswith("# --num-attention-heads") for line in lines) or \
         "preset = \"qwen3-30b-a3b\"" in lines
-    header = "\n".join(line for line in lines if line.startswith("#   "))
-    assert "V963" in header and "--balance-data" in header  # nothing the script said is lost
+    # upstream's --balance-data is train.balance_data, named with its line like every key
+    at = lines.index("balance_data = true")
+    assert lines[at - 1].startswith("# --balance-data (run-qwen3-30B-A3B.sh:")
 
 
 def test_a_value_only_a_run_knows_is_an_error_naming_the_variable(capsys, tmp_path):

@@ -41,6 +41,22 @@ def call_all(handles: Sequence, method: str, *args, per_handle: Sequence | None 
 SPMD_WORKER: list = [None]
 
 
+def balanced_split(costs: Sequence[int], parts: int) -> list[list[int]]:
+    """Indices of `costs` in `parts` shares of split()'s sizes (the same number of items as a
+    contiguous split), the sums of their costs as even as a greedy pass makes them: the largest
+    item first, each to the share with the smallest sum that still has room. Indices are in
+    ascending order within a share; equal inputs give equal shares."""
+    sizes = [len(r) for r in split(len(costs), parts)]
+    shares: list[list[int]] = [[] for _ in range(parts)]
+    sums = [0] * parts
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        part = min((p for p in range(parts) if len(shares[p]) < sizes[p]),
+                   key=lambda p: (sums[p], p))
+        shares[part].append(index)
+        sums[part] += costs[index]
+    return [sorted(share) for share in shares]
+
+
 def split(count: int, parts: int) -> list[range]:
     """count items in `parts` contiguous shares, sizes differing by at most one."""
     base, extra = divmod(count, parts)

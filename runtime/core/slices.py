@@ -330,7 +330,8 @@ class JobConfig:
                 "micro_batch_size", "dynamic_batch", "max_tokens_per_gpu", "routing_replay",
                 "recompute")},
                 # job folders compiled before the key existed have none: the schema's default
-                "transformer_impl": train.get("transformer_impl", "auto")}),
+                "transformer_impl": train.get("transformer_impl", "auto"),
+                "balance_data": bool(train.get("balance_data", False))}),
             ranks=tuple(MappingProxyType(r) for r in plan["train"]["ranks"]),
             parallel=MappingProxyType({k: plan["train"][k] for k in (
                 "tp", "pp", "cp", "ep", "etp", "dp", "edp")}),

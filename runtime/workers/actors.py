@@ -21,7 +21,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 from runtime import backends
 from runtime.core import hosts
-from runtime.core.hosts import ENGINE_GPU_SHARE_COLOCATED, TRAIN_GPU_SHARE_COLOCATED, split
+from runtime.core.hosts import (
+    ENGINE_GPU_SHARE_COLOCATED,
+    TRAIN_GPU_SHARE_COLOCATED,
+    balanced_split,
+    split,
+)
 from runtime.core.hosts import call_all as _call_all
 from runtime.core.interfaces import TrainBatch, WeightBucket
 from runtime.core.slices import EngineSlice, JobConfig, TrainSlice
@@ -270,7 +275,7 @@ def spmd_group(config: JobConfig, rank: int, cpu_threads: int = 1) -> TrainGroup
         return None
     hosts.SPMD_WORKER[0] = worker
     return TrainGroup.from_plan([spmd.RankHandle(r) for r in range(len(config.ranks))],
-                                config.ranks)
+                                config.ranks, config.train["balance_data"])
 
 
 class TrainGroup:
@@ -279,8 +284,10 @@ class TrainGroup:
     (tensor rank 0) reports for the replica."""
 
     def __init__(self, workers: Sequence, data_ranks: Sequence[int] | None = None,
-                 reporting: Sequence[bool] | None = None):
+                 reporting: Sequence[bool] | None = None, balance_data: bool = False):
         self.workers = list(workers)
+        # train.balance_data: replicas get equal token sums rather than contiguous samples
+        self.balance_data = balance_data
         self.data_ranks = list(data_ranks) if data_ranks is not None else list(range(len(workers)))
         self.reporting = list(reporting) if reporting is not None else [True] * len(workers)
         self.replicas = max(self.data_ranks) + 1
@@ -294,18 +301,25 @@ class TrainGroup:
                              f"dp {self.data_ranks}, reporting {self.reporting}")
 
     @classmethod
-    def from_plan(cls, workers: Sequence, ranks: Sequence) -> TrainGroup:
+    def from_plan(cls, workers: Sequence, ranks: Sequence,
+                  balance_data: bool = False) -> TrainGroup:
         """With the plan's coordinates of each rank (plan.json's train.ranks)."""
         return cls(workers, [r.get("dp", i) for i, r in enumerate(ranks)],
-                   [r.get("tp", 0) == 0 and r.get("cp", 0) == 0 for r in ranks])
+                   [r.get("tp", 0) == 0 and r.get("cp", 0) == 0 for r in ranks], balance_data)
 
     @property
     def size(self) -> int:
         return len(self.workers)
 
-    def _shares(self, batch: TrainBatch) -> list[TrainBatch]:
-        shares = split(len(batch), self.replicas)
-        return [batch.select(shares[d]) for d in self.data_ranks]
+    def _assignment(self, batch: TrainBatch) -> list[list[int]]:
+        """The sample indices of each replica: contiguous runs, or with balance_data the same
+        counts with even token sums (prompt + response, what a forward costs)."""
+        if self.balance_data and self.replicas > 1:
+            return balanced_split([len(tokens) for tokens in batch.tokens], self.replicas)
+        return [list(share) for share in split(len(batch), self.replicas)]
+
+    def _shares(self, batch: TrainBatch, assignment: list[list[int]]) -> list[TrainBatch]:
+        return [batch.select(assignment[d]) for d in self.data_ranks]
 
     def _reports(self, results: list) -> list:
         """One result per replica, in replica order."""
@@ -314,13 +328,20 @@ class TrainGroup:
         return [by_replica[d] for d in range(self.replicas)]
 
     def log_probs(self, batch: TrainBatch, model: str) -> list[list[float]]:
-        results = _call_all(self.workers, "log_probs",
-                            per_handle=[(share, model) for share in self._shares(batch)])
-        return [values for part in self._reports(results) for values in part]
+        """Per sample, in the batch's order."""
+        assignment = self._assignment(batch)
+        results = _call_all(self.workers, "log_probs", per_handle=[
+            (share, model) for share in self._shares(batch, assignment)])
+        ordered: list = [None] * len(batch)
+        for indices, part in zip(assignment, self._reports(results), strict=True):
+            for index, values in zip(indices, part, strict=True):
+                ordered[index] = values
+        return ordered
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        shares = self._shares(batch, self._assignment(batch))
         results = self._reports(_call_all(self.workers, "train_step",
-                                          per_handle=[(s,) for s in self._shares(batch)]))
+                                          per_handle=[(s,) for s in shares]))
         combined = {k: v for k, v in results[0].items() if k.startswith("step/")}
         for key in results[0]:
             if not key.startswith("step/"):
@@ -468,7 +489,8 @@ def ray_groups(config: JobConfig, placement, cpu_threads: int) -> tuple[TrainGro
     ray.get([e.start.remote(config.engine_slice(i, cpu_threads,
                                                 engine_bundles(config, placement, i)))
              for i, e in enumerate(engines)])
-    return TrainGroup.from_plan(trainers, config.ranks), RolloutGroup(engines)
+    return (TrainGroup.from_plan(trainers, config.ranks, config.train["balance_data"]),
+            RolloutGroup(engines))
 
 
 def _on(placement, bundle: int, share: float, children: bool) -> dict:

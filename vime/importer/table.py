@@ -114,6 +114,7 @@ FLAGS: tuple[Flag, ...] = (
     key("--num-steps-per-rollout", "train.steps_per_rollout", "int"),
     key("--use-dynamic-batch-size", "train.dynamic_batch", "true"),
     key("--max-tokens-per-gpu", "train.max_tokens_per_gpu", "int"),
+    key("--balance-data", "train.balance_data", "true"),
     key("--use-rollout-routing-replay", "train.routing_replay", "true",
         why="R3: the rollout's routed experts replayed in training"),
     key("--recompute-granularity", "train.recompute", "choice", source="megatron",
@@ -319,9 +320,6 @@ FLAGS: tuple[Flag, ...] = (
     derived("--qkv-format", "vime packs sequences (thd)", ("thd",), source="vime"),
     derived("--megatron-to-hf-mode", "vime converts weights itself (raw)", ("raw",),
             source="vime"),
-    none("--balance-data", "vime shares each rollout's samples over the data-parallel ranks "
-         "by count, not by tokens; this changes the step's time, not what is trained",
-         severity="warning"),
     derived("--rollout-seed", "vime derives the rollout's seeds from experiment.seed",
             source="slime"),
     none("--add-qkv-bias", "vime's runtime builds Qwen3 without QKV bias (V102)",

@@ -184,6 +184,7 @@ class Train:
     micro_batch_size: int
     dynamic_batch: bool
     max_tokens_per_gpu: int
+    balance_data: bool  # tokens, not samples, split evenly over data-parallel ranks
     colocate: bool
     routing_replay: bool
     num_gpus: int
