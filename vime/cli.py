@@ -474,11 +474,11 @@ def cmd_convert(args) -> int:
             target exists (main() prints it and exits 2).
     """
     import json
-    import math
     import shlex
     import subprocess
 
     from vime.emit.resolved import arch_as_config
+    from vime.layout import Layout
 
     _source, result = _load(args)
     _print_diagnostics(result, args.format)
@@ -497,11 +497,10 @@ def cmd_convert(args) -> int:
     if Path(target).exists():
         raise UsageError(f"{target} exists; vime convert never overwrites a checkpoint")
     parallel = result.spec.train.parallel
-    layout = ({"tp": 1, "pp": 1, "ep": 1, "etp": 1} if args.single_gpu else
-              {"tp": parallel.tp, "pp": parallel.pp, "ep": parallel.ep, "etp": parallel.etp})
-    # the smallest world that holds the layout: megatron-core needs tp and ep × etp to
-    # divide a pipeline stage's ranks (cp replicates the weights), one GPU per rank
-    world = layout["pp"] * math.lcm(layout["tp"], layout["ep"] * layout["etp"])
+    # the fewest ranks that hold the layout, one GPU per rank
+    layout = Layout.smallest() if args.single_gpu else Layout.smallest(
+        tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, etp=parallel.etp)
+    world = layout.world_size
     # the architecture inline, not in a temporary file: the command printed is one that works
     # after a --dry-run too
     arch = json.dumps(arch_as_config(result.spec), sort_keys=True, separators=(",", ":"))
@@ -509,7 +508,8 @@ def cmd_convert(args) -> int:
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={world}"]
     command = [*launcher, "-m", "runtime.megatron.convert", "--to", args.to,
-               *(f"--{k}={v}" for k, v in layout.items()), "--arch", arch, source, target]
+               f"--tp={layout.tp}", f"--pp={layout.pp}", f"--ep={layout.ep}", f"--etp={layout.etp}",
+               "--arch", arch, source, target]
     print(" ".join(shlex.quote(part) for part in command))
     if args.dry_run:
         return EXIT_OK
