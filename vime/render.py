@@ -9,7 +9,8 @@ from vime.diagnostics import Diagnostic
 from vime.layout import COORDINATES
 from vime.plan import Plan
 from vime.plan.evidence import KINDS, LEGEND, MARKS
-from vime.plan.memory import RAY_OBJECT_STORE_FRACTION, torch_memory, uses_torch_backend
+from vime.plan.memory import RAY_OBJECT_STORE_FRACTION
+from vime.plan.torch_memory import torch_memory, uses_torch_backend
 from vime.words import count_unit, plural
 
 WIDTH = 100
