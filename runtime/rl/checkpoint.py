@@ -82,7 +82,7 @@ class Pending:
 def record_of(config: JobConfig) -> dict:
     """The vime_checkpoint.json of this job's checkpoints: its model, backend and layout."""
     return run_checkpoint.record(arch_from_config(dict(config.model.arch)), config.train_backend,
-                                 {**config.parallel.to_plan(), "ranks": len(config.ranks)}, __version__)
+                                 config.parallel, __version__)
 
 
 def hf_due(config: JobConfig, rollout_id: int) -> bool:

@@ -37,8 +37,8 @@ def spmd_group(config: JobConfig, rank: int, cpu_threads: int = 1) -> TrainGroup
         spmd.follow(worker)
         return None
     hosts.SPMD_WORKER[0] = worker
-    return TrainGroup.from_plan([spmd.RankHandle(r) for r in range(len(config.ranks))],
-                                config.ranks)
+    return TrainGroup.from_layout([spmd.RankHandle(r) for r in range(len(config.ranks))],
+                                  config.parallel)
 
 
 def local_groups(config: JobConfig, cpu_threads: int = 1) -> tuple[TrainGroup, RolloutGroup]:
@@ -69,7 +69,7 @@ def ray_groups(config: JobConfig, placement, cpu_threads: int) -> tuple[TrainGro
     ray.get([e.start.remote(config.engine_slice(i, cpu_threads,
                                                 engine_bundles(config, placement, i)))
              for i, e in enumerate(engines)])
-    return TrainGroup.from_plan(trainers, config.ranks), RolloutGroup(engines)
+    return TrainGroup.from_layout(trainers, config.parallel), RolloutGroup(engines)
 
 
 def _on(placement, bundle: int, share: float, children: bool) -> dict:

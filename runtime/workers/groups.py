@@ -11,6 +11,7 @@ from runtime.core.interfaces import TrainBatch, WeightBucket
 from runtime.workers import weight_sync
 from runtime.workers.host import _handle_key
 from runtime.workers.weight_sync import SyncRoute
+from vime.layout import Layout
 
 
 class TrainGroup:
@@ -34,10 +35,19 @@ class TrainGroup:
                              f"dp {self.data_ranks}, reporting {self.reporting}")
 
     @classmethod
-    def from_plan(cls, workers: Sequence, ranks: Sequence) -> TrainGroup:
-        """With the plan's coordinates of each rank (plan.json's train.ranks)."""
-        return cls(workers, [r.get("dp", i) for i, r in enumerate(ranks)],
-                   [r.get("tp", 0) == 0 and r.get("cp", 0) == 0 for r in ranks])
+    def from_layout(cls, workers: Sequence, layout: Layout) -> TrainGroup:
+        """Rank r of `workers` at layout.coordinates(r): its data-parallel replica, and
+        whether it reports for it (tensor and context rank 0).
+
+        Raises:
+            ValueError: the layout has another number of ranks.
+        """
+        if len(workers) != layout.world_size:
+            raise ValueError(f"{len(workers)} training ranks for a layout of "
+                             f"{layout.world_size}")
+        coords = [layout.coordinates(rank) for rank in range(layout.world_size)]
+        return cls(workers, [c["dp"] for c in coords],
+                   [c["tp"] == 0 and c["cp"] == 0 for c in coords])
 
     @property
     def size(self) -> int:

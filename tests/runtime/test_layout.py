@@ -64,3 +64,15 @@ def test_a_slice_built_from_a_mapping_holds_a_layout():
         needs_ref=False, routing_replay=False, recompute="none", cpu_threads=1)
     assert slice.parallel == Layout(1)
     assert [slice.parallel[k] for k in SIZES] == [1] * len(SIZES)
+
+
+def test_a_train_group_takes_its_replicas_from_the_layout():
+    """Each data-parallel replica gets one share of a batch, reported by its tensor- and
+    context-rank-0 rank: tp 2 × cp 2 over 8 ranks is 2 replicas of 4."""
+    from runtime.workers.groups import TrainGroup
+
+    group = TrainGroup.from_layout([f"rank {r}" for r in range(8)], Layout(8, tp=2, cp=2, ep=4))
+    assert group.data_ranks == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert group.reporting == [True, False, False, False, True, False, False, False]
+    with pytest.raises(ValueError, match="3 training ranks for a layout of 8"):
+        TrainGroup.from_layout(["a", "b", "c"], Layout(8, tp=2))
