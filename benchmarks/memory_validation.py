@@ -132,7 +132,7 @@ def predict_grid(case: dict) -> dict:
         backward = sum(terms.get(name, 0.0) for name in BACKWARD_TERMS)
         terms["optimizer step"] = max(adam_step_transient(spec) - backward, 0.0)
         allocated = sum(v for name, v in terms.items() if name not in NOT_ALLOCATED)
-        total = allocated * (1 + FRAGMENTATION) + actor_outside_torch(spec)[0]
+        total = allocated * (1 + FRAGMENTATION) + actor_outside_torch(spec).bytes
         headroom = 1 - total / phase.capacity
         verdict = ("OOM" if total > phase.capacity else
                    "fits" + (" (tight)" if headroom < HEADROOM_WARNING else ""))

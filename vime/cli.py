@@ -9,7 +9,6 @@ import argparse
 import errno
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -382,40 +381,19 @@ def _submitted(folder, result, start, quiet: bool) -> int:
     return EXIT_OK
 
 
-DETACHED_START_S = 120  # the detached launcher's compile and job folder, at most
-
-
 def _detach(args, prepared, start, launcher: str) -> int:
-    """--detach: this same submit (its --set values, --fresh's new name included) run again by a
-    launcher in a session of its own, which no hang-up of this terminal reaches; it writes the
-    job folder under an id chosen here and runs the job as an attached launcher does (its
-    nodes end with it). Returns once the job folder exists."""
-    import subprocess
+    """--detach: the job runs on under a launcher of its own (vime/launch/detach.py); print
+    where to follow it.
 
-    from vime.launch import submit
+    Raises:
+        SubmitError: the launcher did not start the job (cmd_submit makes it a UsageError).
+    """
+    from vime.launch import detach
 
-    job_id = submit.new_local_id("local" if launcher == "local" else "ray")
-    folder = prepared.experiment_dir / job_id
-    (folder / "logs").mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "vime", "submit", args.spec, "--quiet", "--as-job", job_id,
-            *(["--local"] if launcher == "local" else ["--ray-address", args.ray_address]),
-            *(["--strict"] if args.strict else [])]
-    for value in args.sets:
-        argv += ["--set", value]
-    log = folder / "logs" / "launcher.log"
-    with open(log, "ab") as out:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + DETACHED_START_S
-    while not (folder / "local.json").exists():
-        if child.poll() is not None or time.monotonic() > deadline:
-            what = (f"exited with code {child.returncode}" if child.returncode is not None
-                    else f"had not started the job after {DETACHED_START_S} s")
-            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-            raise UsageError(f"--detach: the job's launcher {what} ({log}):\n" + "\n".join(tail))
-        time.sleep(0.2)
+    job_id, folder, pid = detach.detach(prepared, launcher, args.spec, args.sets, args.strict,
+                                        args.ray_address)
     spec = prepared.plan.spec
-    print(f"vime: job {job_id}: {spec.experiment.name}, detached (launcher pid {child.pid})\n"
+    print(f"vime: job {job_id}: {spec.experiment.name}, detached (launcher pid {pid})\n"
           f"  folder  {folder}\n"
           f"  {start.describe(spec.rollout.num_rollout)}\n"
           f"  follow  vime logs -f {job_id}\n"
@@ -473,47 +451,23 @@ def cmd_convert(args) -> int:
         UsageError: no target folder is set, there is nothing to convert back, or the
             target exists (main() prints it and exits 2).
     """
-    import json
-    import math
     import shlex
     import subprocess
 
-    from vime.emit.resolved import arch_as_config
+    from vime import convert
 
     _source, result = _load(args)
     _print_diagnostics(result, args.format)
     if not result.ok:
         return EXIT_SPEC
-    model = result.spec.model
-    if args.to == "torch_dist":
-        source, target = model.hf_checkpoint, args.output or model.torch_dist_checkpoint
-        if not target:
-            raise UsageError("set model.torch_dist_checkpoint in the spec, or -o FOLDER")
-    else:
-        if not model.torch_dist_checkpoint:
-            raise UsageError("model.torch_dist_checkpoint is not set: nothing to convert back")
-        source = model.torch_dist_checkpoint
-        target = args.output or model.torch_dist_checkpoint.rstrip("/") + "_hf"
-    if Path(target).exists():
-        raise UsageError(f"{target} exists; vime convert never overwrites a checkpoint")
-    parallel = result.spec.train.parallel
-    layout = ({"tp": 1, "pp": 1, "ep": 1, "etp": 1} if args.single_gpu else
-              {"tp": parallel.tp, "pp": parallel.pp, "ep": parallel.ep, "etp": parallel.etp})
-    # the smallest world that holds the layout: megatron-core needs tp and ep × etp to
-    # divide a pipeline stage's ranks (cp replicates the weights), one GPU per rank
-    world = layout["pp"] * math.lcm(layout["tp"], layout["ep"] * layout["etp"])
-    # the architecture inline, not in a temporary file: the command printed is one that works
-    # after a --dry-run too
-    arch = json.dumps(arch_as_config(result.spec), sort_keys=True, separators=(",", ":"))
-    launcher = [sys.executable] if world == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={world}"]
-    command = [*launcher, "-m", "runtime.megatron.convert", "--to", args.to,
-               *(f"--{k}={v}" for k, v in layout.items()), "--arch", arch, source, target]
-    print(" ".join(shlex.quote(part) for part in command))
+    try:
+        planned = convert.conversion(result.spec, args.to, args.output, args.single_gpu)
+    except convert.ConvertError as err:
+        raise UsageError(str(err)) from None
+    print(" ".join(shlex.quote(part) for part in planned.command))
     if args.dry_run:
         return EXIT_OK
-    completed = subprocess.run(command, check=False)
+    completed = subprocess.run(planned.command, check=False)
     return EXIT_OK if completed.returncode == 0 else EXIT_INTERNAL
 
 

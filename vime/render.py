@@ -6,9 +6,11 @@ from __future__ import annotations
 import textwrap
 
 from vime.diagnostics import Diagnostic
+from vime.layout import COORDINATES
 from vime.plan import Plan
 from vime.plan.evidence import KINDS, LEGEND, MARKS
-from vime.plan.memory import RAY_OBJECT_STORE_FRACTION, torch_memory, uses_torch_backend
+from vime.plan.memory import RAY_OBJECT_STORE_FRACTION
+from vime.plan.torch_memory import torch_memory, uses_torch_backend
 from vime.words import count_unit, plural
 
 WIDTH = 100
@@ -102,7 +104,7 @@ def _cluster_picture(plan: Plan) -> list[str]:
 
     rows = {"": [f"gpu{gpu}".ljust(cell) for gpu in range(gpn)] * len(nodes),
             "rank": cells(g if g < actor else None for g in gpus)}
-    for axis in ("tp", "cp", "dp", "pp", "ep", "etp", "edp"):
+    for axis in COORDINATES:
         rows[axis] = cells(None if c is None else c[axis] for c in coords)
     used = engines.start + len(engines) * engines.size
     rows["engine"] = cells(f"e{(g - engines.start) // engines.size}"

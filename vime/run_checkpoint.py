@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from vime.layout import SIZES, Layout
+
 RECORD_FILE = "vime_checkpoint.json"
 RECORD_VERSION = 1
 STATE_FILE = "state.json"
@@ -35,7 +37,7 @@ ARCH_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_he
 DENSE_MLP_KEYS = ("intermediate_size",)  # tensors of the layers in mlp_only_layers only
 EXPERT_KEYS = ("num_experts", "moe_intermediate_size")  # tensors of the MoE layers only
 # the training ranks' sizes (plan.json train.*) and their number
-LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp", "edp", "ranks")
+LAYOUT_KEYS = (*SIZES, "ranks")
 
 
 @dataclass(frozen=True)
@@ -78,14 +80,15 @@ def arch_values(arch) -> dict:
     }
 
 
-def record(arch, train_backend: str, layout: dict[str, int], vime_version: str) -> dict:
-    """A checkpoint's vime_checkpoint.json: arch an Arch, layout the LAYOUT_KEYS."""
+def record(arch, train_backend: str, layout: Layout, vime_version: str) -> dict:
+    """A checkpoint's vime_checkpoint.json: arch an Arch, the layout's sizes (LAYOUT_KEYS,
+    its world as `ranks`)."""
     written = FORMATS.get(train_backend)
     return {
         "record": RECORD_VERSION, "vime": vime_version, "train_backend": train_backend,
         "format": written.name if written else train_backend,
         "arch": arch_values(arch),
-        "layout": {key: int(layout[key]) for key in LAYOUT_KEYS},
+        "layout": {**layout.to_plan(), "ranks": layout.world_size},
         "loads_under": written.note if written else "",
     }
 

@@ -61,10 +61,12 @@ class TorchTrainingBackend(TrainingBackend):
     # ------------------------------------------------------------------------------- init
 
     def init(self, slice: TrainSlice) -> None:
-        parallel = {k: v for k, v in slice.parallel.items() if k not in ("dp", "edp")}
-        if any(size != 1 for size in parallel.values()):
+        layout = slice.parallel
+        model_parallel = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep,
+                          "etp": layout.etp}
+        if any(size != 1 for size in model_parallel.values()):
             raise ValueError(f"the torch training backend is data parallel only; the plan has "
-                             f"{parallel} (V902)")
+                             f"{model_parallel} (V902)")
         torch_model.set_threads(slice.cpu_threads)
         self.slice = slice
         self.device = torch_model.device_for_this_process()

@@ -67,7 +67,7 @@ from runtime.core.interfaces import (
 from runtime.core.slices import EngineSlice
 
 # colocated, an engine's Ray workers take this share of each GPU, as the engine actor does
-# (runtime/workers/actors.py, slime's numbers)
+# (runtime/workers/build.py, slime's numbers)
 COLOCATED_WORKER_GPU_SHARE = 0.2
 
 

@@ -3,7 +3,7 @@ workers that drive the hosts (runtime/workers/) and a backend that calls engines
 (runtime/backends/vllm_weights.py) both need, so it lives below both (runtime/README.md).
 
 A host is a training rank's or an engine's TrainWorker / RolloutWorker
-(runtime/workers/actors.py): a Ray actor, an in-process object, or a rank of a torchrun world
+(runtime/workers/host.py): a Ray actor, an in-process object, or a rank of a torchrun world
 (runtime/core/spmd.py).
 
 GPU shares per actor: colocated, a training rank takes 0.4 of its GPU and an engine 0.2

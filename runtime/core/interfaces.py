@@ -1,7 +1,7 @@
 """The two seams of the runtime: a training backend and a rollout backend.
 
 The driver (runtime/rl/loop.py) talks to every backend through these methods only, inside a
-Ray actor per training rank and per rollout engine (runtime/workers/actors.py). Implementations:
+Ray actor per training rank and per rollout engine (runtime/workers/host.py). Implementations:
 
     training  "torch"     runtime/backends/torch_train.py    (CPU or one GPU, DP over ranks)
               "megatron"  runtime/backends/megatron_train.py (GPUs, megatron-core)

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from runtime.core import weights
+from vime.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,8 @@ class TrainSlice:
     world_size: int
     node: int
     gpu: int
-    coords: MappingProxyType  # Megatron coordinates of this rank: tp, cp, dp, pp, ep, etp, edp
-    parallel: MappingProxyType  # sizes: tp, pp, cp, ep, etp, dp, edp
+    coords: MappingProxyType  # this rank's Layout.coordinates: tp, cp, dp, pp, ep, etp, edp
+    parallel: Layout  # the actor's sizes (a mapping of Layout's SIZES becomes one)
     master_addr: str
     master_port: int
     optimizer: OptimizerSlice
@@ -97,6 +98,10 @@ class TrainSlice:
     # train.transformer_impl: the actor's layer spec, auto | transformer_engine | local (the
     # Megatron backend decides auto at start); a default for slices built by hand (benchmarks)
     transformer_impl: str = "auto"
+
+    def __post_init__(self):
+        if not isinstance(self.parallel, Layout):  # a slice built by hand from a mapping
+            object.__setattr__(self, "parallel", Layout.from_plan(self.parallel))
 
 
 @dataclass(frozen=True)
@@ -213,7 +218,7 @@ class JobConfig:
     optimizer: OptimizerSlice
     train: MappingProxyType  # [train] keys the slices need
     ranks: tuple[MappingProxyType, ...]  # plan.json train.ranks
-    parallel: MappingProxyType
+    parallel: Layout  # plan.json train's sizes
     engines: tuple[MappingProxyType, ...]  # plan.json rollout.engines
     save_interval: int
     save_dir: Path
@@ -333,8 +338,7 @@ class JobConfig:
                 "transformer_impl": train.get("transformer_impl", "auto"),
                 "balance_data": bool(train.get("balance_data", False))}),
             ranks=tuple(MappingProxyType(r) for r in plan["train"]["ranks"]),
-            parallel=MappingProxyType({k: plan["train"][k] for k in (
-                "tp", "pp", "cp", "ep", "etp", "dp", "edp")}),
+            parallel=Layout.from_plan(plan["train"]),
             engines=tuple(MappingProxyType(e) for e in plan["rollout"]["engines"]),
             save_interval=int(spec["checkpoint"]["save_interval"]),
             save_dir=save_dir, load_dir=load_dir,
@@ -367,11 +371,10 @@ class JobConfig:
     def train_slice(self, rank: int, master_addr: str, master_port: int,
                     cpu_threads: int) -> TrainSlice:
         entry = self.ranks[rank]
-        coords = {k: entry[k] for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp") if k in entry}
         return TrainSlice(
             backend=self.train_backend, model=self.model, rank=rank,
             world_size=len(self.ranks), node=entry["node"], gpu=entry["gpu"],
-            coords=MappingProxyType(coords), parallel=self.parallel,
+            coords=MappingProxyType(self.parallel.coordinates(rank)), parallel=self.parallel,
             master_addr=master_addr, master_port=master_port, optimizer=self.optimizer,
             loss=self.loss, temperature=self.temperature,
             micro_batch_size=int(self.train["micro_batch_size"]),

@@ -2,7 +2,7 @@
 
 On one node with several GPUs and no Ray (a GPU machine without Ray installed), every
 process of `torchrun --nproc-per-node N` hosts one training rank
-(runtime.workers.actors.TrainWorker); rank 0 also runs the GRPO loop and the rollout engine,
+(runtime.workers.host.TrainWorker); rank 0 also runs the GRPO loop and the rollout engine,
 and its TrainGroup holds one RankHandle per rank. A call on the group is broadcast to every
 rank (torch.distributed's object collectives), each rank runs it on its own share, and the
 results are gathered back to rank 0 — the same calls, in the same order, as the Ray actors
@@ -10,10 +10,10 @@ receive, so the backends' collectives (tensor-parallel all-reduces, the expert a
 weight gathers) line up. The other ranks wait in `follow` until rank 0 says stop.
 
 The job that runs this (`python -m torch.distributed.run ... -m runtime.node.torchrun SPEC`)
-is runtime/node/torchrun.py; the ranks' group is `runtime.workers.actors.spmd_group`.
+is runtime/node/torchrun.py; the ranks' group is `runtime.workers.build.spmd_group`.
 
 Rollout engines live on rank 0: arguments that are engine hosts (hosts whose class says
-`stays_on_rank_0`, runtime.workers.actors.RolloutWorker) are not sent to the other ranks,
+`stays_on_rank_0`, runtime.workers.host.RolloutWorker) are not sent to the other ranks,
 which only take part in the gathers of a weight export.
 """
 
@@ -35,7 +35,7 @@ class RankHandle:
 
 
 def _local_only(value):
-    """Engine hosts (runtime.workers.actors.RolloutWorker) stay on rank 0. The host says so
+    """Engine hosts (runtime.workers.host.RolloutWorker) stay on rank 0. The host says so
     itself: this module is below the workers and cannot import their classes."""
     if isinstance(value, (list, tuple)) and value and all(getattr(v, "stays_on_rank_0", False)
                                                           for v in value):

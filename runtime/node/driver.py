@@ -155,7 +155,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     from runtime.node import placement
     from runtime.rl.loop import GRPOLoop
     from runtime.rl.metrics import MetricsLogger
-    from runtime.workers import actors, supervisor
+    from runtime.workers import build, supervisor
 
     started = time.perf_counter()
     config = JobConfig.from_job(plan, resolved_toml, job_dir)
@@ -175,7 +175,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     group = placement.create(plan)
     log("vime: " + group.describe())
     threads = cpu_threads_per_actor(config)
-    train, rollout = actors.ray_groups(config, group, threads)
+    train, rollout = build.ray_groups(config, group, threads)
     loop: GRPOLoop | None = None  # built below, once the engines are supervised
 
     def restore_weights(engines) -> None:

@@ -39,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from runtime.node.driver import job_loop
     from runtime.rl.metrics import MetricsLogger
-    from runtime.workers import actors
+    from runtime.workers import build
+    from runtime.workers.groups import RolloutGroup
+    from runtime.workers.host import RolloutWorker
 
     parser = argparse.ArgumentParser(prog="python -m runtime.node.torchrun")
     parser.add_argument("spec")
@@ -55,14 +57,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"the plan has {len(config.ranks)} training ranks on "
                          f"{len({r['node'] for r in config.ranks})} nodes; this world is "
                          f"{world} processes on one node")
-    train = actors.spmd_group(config, rank, args.cpu_threads)
+    train = build.spmd_group(config, rank, args.cpu_threads)
     if train is None:  # released by rank 0
         return 0
     try:
-        engine = actors.RolloutWorker(config.rollout_backend)
+        engine = RolloutWorker(config.rollout_backend)
         engine.start(config.engine_slice(0, args.cpu_threads))
         metrics = MetricsLogger(job_dir, job_dir.name, None, None, None, config={}, print_fn=print)
-        loop = job_loop(config, train, actors.RolloutGroup([engine]), metrics, log=print)
+        loop = job_loop(config, train, RolloutGroup([engine]), metrics, log=print)
         loop.restore()
         loop.run()
     finally:

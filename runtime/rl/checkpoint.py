@@ -50,6 +50,7 @@ from pathlib import Path
 from runtime.core import hf_folder
 from runtime.core.slices import JobConfig
 from vime import __version__, run_checkpoint
+from vime.launch.local import pid_alive
 from vime.resolve.model import arch_from_config
 
 STATE = run_checkpoint.STATE_FILE
@@ -81,7 +82,7 @@ class Pending:
 def record_of(config: JobConfig) -> dict:
     """The vime_checkpoint.json of this job's checkpoints: its model, backend and layout."""
     return run_checkpoint.record(arch_from_config(dict(config.model.arch)), config.train_backend,
-                                 {**config.parallel, "ranks": len(config.ranks)}, __version__)
+                                 config.parallel, __version__)
 
 
 def hf_due(config: JobConfig, rollout_id: int) -> bool:
@@ -156,16 +157,6 @@ def _partial_name(final_name: str) -> str:
     return f"{PARTIAL}{final_name}-{uuid.uuid4().hex[:8]}-{os.getpid()}@{socket.gethostname()}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def partial_is_stale(folder: Path) -> bool:
     """Whether a .partial-* folder's writer is gone: a writer on this host whose pid is not
     alive. A writer on another host, or a folder whose name gives none, is left alone."""
@@ -173,7 +164,7 @@ def partial_is_stale(folder: Path) -> bool:
     if not at or host != socket.gethostname():
         return False
     pid = owner.rpartition("-")[2]
-    return pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+    return pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid))
 
 
 def disk_full(err: BaseException, free_bytes: int | None) -> bool:

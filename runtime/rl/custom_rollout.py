@@ -9,7 +9,7 @@ rollouts written by the user, many samples in flight at once against the engines
 
 The loop calls `CustomRollout.run` once per rollout. Every sample runs as an asyncio task; the
 generate calls of all samples waiting on the policy go to the engines as one batched call
-(runtime/workers/actors.py RolloutGroup.generate), and tools run concurrently between them. A
+(runtime/workers/groups.py RolloutGroup.generate), and tools run concurrently between them. A
 batch leaves when every live sample waits on the policy or is done, in sample order, so the
 batches, and every number of the rollout, depend on the seeds alone: a resumed run repeats
 the uninterrupted one (a sample whose tool is slow holds the next batch back, the price of

@@ -1,7 +1,7 @@
 """The GRPO loop: generate, score, compute advantages and log-probs, train, sync weights,
 log, checkpoint; rollout after rollout.
 
-It talks to the actor and the engines through two groups (runtime/workers/actors.py: Ray actors on
+It talks to the actor and the engines through two groups (runtime/workers/groups.py: Ray actors on
 the plan's GPUs, or in-process for tests) and never to a backend directly. One rollout,
 colocated (the engines and the actor share the GPUs and take turns):
 
@@ -84,7 +84,7 @@ class GRPOLoop:
 
     It holds the loop's state (next rollout, weight version, the sampler's position), which
     restore() reads from a checkpoint; the groups hold the models. Build it with the groups
-    (runtime/workers/actors.py) and the job's tokenizer, reward and checkpoint folders
+    (runtime/workers/groups.py) and the job's tokenizer, reward and checkpoint folders
     (runtime/node/driver.py's run and job_loop), then call restore() and run().
     """
 

@@ -12,7 +12,7 @@ vLLM's example, a rank without requests gets a placeholder (here a copy of the f
 request, its output dropped).
 
 `DataParallelEngine` is the backend of an engine's host actor when the engine has dp > 1
-(runtime/workers/actors.py, RolloutWorker.start). It starts one Ray actor per rank, each a
+(runtime/workers/host.py, RolloutWorker.start). It starts one Ray actor per rank, each a
 RolloutWorker holding the engine's real backend and started with its rank's slice
 (EngineSlice.for_dp_rank), placed on the rank's first bundle of the host's placement group
 with child-task capture (vLLM's Ray executor puts the rank's TP workers on its other

@@ -1,6 +1,6 @@
 """Rollout engines under watch: health checks, restarts, retried requests.
 
-`SupervisedRollout` is a `RolloutGroup` (runtime/workers/actors.py) whose calls survive an engine
+`SupervisedRollout` is a `RolloutGroup` (runtime/workers/groups.py) whose calls survive an engine
 dying. An engine is unhealthy when
 
 - a call to it fails because its actor is gone (Ray raises `RayActorError`: the process
@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from runtime.core.hosts import split
-from runtime.workers.actors import RolloutGroup
+from runtime.workers.groups import RolloutGroup
 
 MAX_RESTARTS = 3  # per engine and run
 HEALTH_TIMEOUT_S = 60.0  # an idle engine answers a ping in milliseconds
@@ -193,15 +193,15 @@ def _nodes(nodes: tuple[int, ...]) -> str:
 
 def supervise(rollout: RolloutGroup, config, placement, cpu_threads: int,
               **options) -> SupervisedRollout:
-    """The driver's engines (actors.ray_groups) under a supervisor that restarts them on
+    """The driver's engines (build.ray_groups) under a supervisor that restarts them on
     their bundles with their slices."""
     import ray
 
-    from runtime.workers import actors
+    from runtime.workers import build
 
     def make_engine(index: int):
-        engine = actors.new_engine_actor(config, placement, index)
-        bundles = actors.engine_bundles(config, placement, index)
+        engine = build.new_engine_actor(config, placement, index)
+        bundles = build.engine_bundles(config, placement, index)
         ray.get(engine.start.remote(config.engine_slice(index, cpu_threads, bundles)))
         return engine
 

@@ -108,7 +108,7 @@ def actor_gpus_hold_replicas(spec: Spec):
     Fix: change tp, cp or pp, or the number of actor GPUs (nodes, or train.num_gpus when
     not colocated), so that W is a multiple of tp × cp × pp."""
     par = spec.train.parallel
-    replica = par.tp * par.cp * par.pp
+    replica = spec.derived.layout.replica
     gpus = spec.train.num_gpus
     if gpus > 0 and gpus % replica:
         yield Finding(
@@ -130,7 +130,7 @@ def actor_gpus_hold_expert_grid(spec: Spec):
     ranks may span tensor- and context-parallel ranks ("MoE parallel folding").
     Fix: choose ep and etp so that etp × ep × pp divides the actor's GPU count."""
     par = spec.train.parallel
-    grid = par.etp * par.ep * par.pp
+    grid = spec.derived.layout.expert_grid
     gpus = spec.train.num_gpus
     if gpus > 0 and gpus % grid:
         fits = [e for e in divisors(gpus // max(par.etp * par.pp, 1) or 1)

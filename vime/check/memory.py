@@ -30,7 +30,7 @@ def _train_fixes(spec: Spec, over: float) -> str:
     if spec.train.dynamic_batch and backward_bound:
         tokens = spec.train.max_tokens_per_gpu
         per_token = (terms["activations"] + terms.get("uneven routing", 0.0)
-                     + loss_head(spec, tokens)[1]) / tokens
+                     + loss_head(spec, tokens).token_bytes) / tokens
         smaller = int((spec.train.max_tokens_per_gpu * per_token - over) / per_token)
         if smaller > 0:
             fixes.append(f"max_tokens_per_gpu ≤ {smaller // 1024 * 1024}")

@@ -62,8 +62,7 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
         return out
     layout, ranks, engines = plan.layout, plan.ranks.columns(), plan.engines
     out["train"] = {
-        "num_gpus": spec.train.num_gpus, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp,
-        "ep": layout.ep, "etp": layout.etp, "dp": layout.dp, "edp": layout.edp,
+        "num_gpus": spec.train.num_gpus, **layout.to_plan(),
         "sequence_parallel": spec.train.parallel.sequence_parallel,
         "groups": {name: Chunks(flat, size) for name, (flat, size) in layout.members().items()},
         # {"rank", "node", "gpu", then ActorRank.coords: tp, cp, dp, pp, ep, etp, edp}

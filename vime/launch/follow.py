@@ -6,12 +6,12 @@ leave squeue after MinJobAge)."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
+from vime.launch import local as local_launcher
 from vime.launch import slurm
 from vime.launch.jobdir import JobFolder, is_job_folder, remembered
 from vime.words import plural
@@ -64,16 +64,6 @@ def _under_here(job: str, depth: int = 4) -> list[Path]:
             for found in sorted(here.glob("/".join(["*"] * level + [job])))]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def live_state(folder: JobFolder) -> tuple[str, bool, str]:
     """(state, finished, detail) from Slurm for Slurm jobs, from the folder for local ones."""
     info = folder.info
@@ -87,7 +77,7 @@ def live_state(folder: JobFolder) -> tuple[str, bool, str]:
             state.exit_code and f"exit {state.exit_code}") if x)
         return state.state, state.finished, detail
     local = folder.read_json("local.json") or {}
-    running = any(_pid_alive(pid) for pid in local.get("pids", []))
+    running = any(local_launcher.pid_alive(pid) for pid in local.get("pids", []))
     if running:
         return "RUNNING", False, f"{info['launcher']}, pids {local['pids']}"
     if outcome:
@@ -258,10 +248,9 @@ def cancel(folder: JobFolder) -> str:
     if info["launcher"] == "slurm":
         slurm.cancel(info["job_id"])
         return f"cancelled job {info['job_id']} (scancel; each node stops its own Ray)"
-    from vime.launch import local as local_launcher
 
     pids = (folder.read_json("local.json") or {}).get("pids", [])
-    alive = [pid for pid in pids if _pid_alive(pid) and local_launcher.alive(pid)]
+    alive = [pid for pid in pids if local_launcher.pid_alive(pid) and local_launcher.alive(pid)]
     if not alive:
         return f"job {info['job_id']} is not running"
     (folder.path / "cancel.json").write_text(f'{{"by": "vime cancel", "at": {time.time()}}}\n')

@@ -76,6 +76,18 @@ def _visible_devices(node: int, gpus_per_node: int) -> str | None:
 
 # --------------------------------------------------------------------- the job's processes
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid exists on this host, of any user, a zombie included
+    (signal 0 checks without sending)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -14,6 +14,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,39 +187,39 @@ def new_local_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:8]}"
 
 
+def _run_here(prepared: Prepared, job_id: str, launcher: str, on_start,
+              run: Callable[[Path], int]) -> tuple[JobFolder, int]:
+    """Under the experiment's lock: write the job folder, call on_start(folder), then
+    run(job folder) for the job's exit code."""
+    _acquire(prepared, job_id, launcher, os.getpid())
+    try:
+        folder = write_folder(prepared, job_id)
+        jobdir.remember(job_id, folder.path)
+        if on_start:
+            on_start(folder)
+        code = run(folder.path)
+    finally:
+        lock.release(prepared.experiment_dir, job_id)
+    return folder, code
+
+
 def submit_local(prepared: Prepared, on_start=None, on_poll=None,
                  job_id: str | None = None) -> tuple[JobFolder, int]:
     """Write the job folder (job_id: the one `submit --detach` chose), call on_start(folder),
     run the job here; on_poll() between the launcher's checks (vime/launch/progress.py)."""
     from vime.launch.local import run_local
 
-    job_id = job_id or new_local_id("local")
-    _acquire(prepared, job_id, "local", os.getpid())
-    try:
-        folder = write_folder(prepared, job_id)
-        jobdir.remember(job_id, folder.path)
-        if on_start:
-            on_start(folder)
-        code = run_local(folder.path, prepared.launch["nodes"], prepared.launch["gpus_per_node"],
-                         prepared.launch["env"], on_poll or (lambda: None))
-    finally:
-        lock.release(prepared.experiment_dir, job_id)
-    return folder, code
+    launch = prepared.launch
+    return _run_here(prepared, job_id or new_local_id("local"), "local", on_start, lambda path:
+                     run_local(path, launch["nodes"], launch["gpus_per_node"], launch["env"],
+                               on_poll or (lambda: None)))
 
 
 def submit_attached(prepared: Prepared, address: str, on_start=None, on_poll=None,
                     job_id: str | None = None) -> tuple[JobFolder, int]:
+    """As submit_local, the job's driver on the Ray cluster at `address`."""
     from vime.launch.local import run_attached
 
-    job_id = job_id or new_local_id("ray")
-    _acquire(prepared, job_id, "ray-address", os.getpid())
-    try:
-        folder = write_folder(prepared, job_id)
-        jobdir.remember(job_id, folder.path)
-        if on_start:
-            on_start(folder)
-        code = run_attached(folder.path, address, prepared.launch["env"],
-                            on_poll or (lambda: None))
-    finally:
-        lock.release(prepared.experiment_dir, job_id)
-    return folder, code
+    return _run_here(prepared, job_id or new_local_id("ray"), "ray-address", on_start,
+                     lambda path: run_attached(path, address, prepared.launch["env"],
+                                               on_poll or (lambda: None)))

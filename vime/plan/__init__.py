@@ -13,9 +13,9 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vime.layout import Layout
 from vime.plan.colocation import Colocation, plan_colocation
 from vime.plan.forecast import Forecast, step_forecast
-from vime.plan.groups import Layout
 from vime.plan.memory import MemoryPlan, memory_plan
 from vime.plan.placement import Gpu, actor_layout, gpu_at, gpu_columns, rollout_start
 from vime.resolve.spec import Spec

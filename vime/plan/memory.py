@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import ceil
+from typing import NamedTuple
 
 from vime import flags
 from vime.plan import evidence
 from vime.plan.evidence import Basis
 from vime.plan.placement import actor_layout
+from vime.plan.torch_memory import TorchMemory, torch_memory, uses_torch_backend  # noqa: F401
 from vime.resolve.model import Arch
 from vime.resolve.spec import Spec
 
@@ -189,8 +191,13 @@ EXPERTS_ENV = "VIME_MOE_EXPERTS"
 GROUPED_GEMM_ALIGN = 8  # runtime/megatron/grouped_experts.py's _ALIGN: bf16 elements in 16 bytes
 
 
-def expert_path(spec: Spec) -> tuple[str, str]:
-    """("grouped" | "sequential", why): the experts the Megatron backend will build, as
+class ExpertPath(NamedTuple):
+    path: str  # grouped | sequential
+    why: str
+
+
+def expert_path(spec: Spec) -> ExpertPath:
+    """The experts the Megatron backend will build, as
     runtime/megatron/model.py's choose_experts decides on the nodes. What the spec shows is
     judged here ([cluster.env]'s VIME_MOE_EXPERTS, grouped_experts.unsupported_reason's widths;
     the backend's weights are bf16 and Qwen3's experts have no bias); the device probe is
@@ -198,12 +205,12 @@ def expert_path(spec: Spec) -> tuple[str, str]:
     arch, etp = spec.arch, spec.train.parallel.etp
     asked = str(spec.cluster.env.get(EXPERTS_ENV, "auto"))
     if asked == "sequential":
-        return "sequential", f"{EXPERTS_ENV} = sequential in [cluster.env]"
+        return ExpertPath("sequential", f"{EXPERTS_ENV} = sequential in [cluster.env]")
     ffn = arch.moe_ffn_hidden_size
     if arch.hidden_size % GROUPED_GEMM_ALIGN or ffn % etp or (ffn // etp) % GROUPED_GEMM_ALIGN:
-        return "sequential", (f"hidden {arch.hidden_size}, ffn {ffn} ÷ etp {etp}: the grouped "
-                              f"GEMM needs multiples of {GROUPED_GEMM_ALIGN}")
-    return "grouped", "torch's grouped GEMM (the backend's default where it runs)"
+        return ExpertPath("sequential", f"hidden {arch.hidden_size}, ffn {ffn} ÷ etp {etp}: the "
+                                        f"grouped GEMM needs multiples of {GROUPED_GEMM_ALIGN}")
+    return ExpertPath("grouped", "torch's grouped GEMM (the backend's default where it runs)")
 
 
 def routing_imbalance(spec: Spec) -> float:
@@ -356,13 +363,18 @@ def _activations_basis(spec: Spec, path: str | None) -> Basis:
     return evidence.ACTIVATIONS_GROUPED if path == "grouped" else evidence.ACTIVATIONS_SEQUENTIAL
 
 
-def actor_outside_torch(spec: Spec) -> tuple[float, Basis]:
+class OutsideTorch(NamedTuple):
+    bytes: float
+    basis: Basis
+
+
+def actor_outside_torch(spec: Spec) -> OutsideTorch:
     """The actor process's memory outside torch's allocator on one GPU, and its basis."""
     gpus = spec.train.num_gpus
     if gpus == 1:
-        return ACTOR_OUTSIDE_TORCH, evidence.OUTSIDE_TORCH_ONE_GPU
+        return OutsideTorch(ACTOR_OUTSIDE_TORCH, evidence.OUTSIDE_TORCH_ONE_GPU)
     basis = evidence.OUTSIDE_TORCH_TWO_GPUS if gpus == 2 else evidence.OUTSIDE_TORCH_MORE_GPUS
-    return ACTOR_OUTSIDE_TORCH + ACTOR_NCCL, basis
+    return OutsideTorch(ACTOR_OUTSIDE_TORCH + ACTOR_NCCL, basis)
 
 
 # The loss head (runtime/core/loss_head.py): the log-probs and entropy from the final
@@ -392,8 +404,14 @@ LOSS_HEAD_PLAIN_HIDDEN_GRAD_BYTES = 6  # per token per hidden entry, without top
 LOSS_HEAD_TOKEN_BYTES = 64  # per token: fp32 log-prob, entropy, normalisers, int64 target ...
 
 
-def loss_head(spec: Spec, tokens: int) -> tuple[float, float, str]:
-    """(bytes, of which per token, note) of the loss head for `tokens` tokens on one GPU."""
+class LossHead(NamedTuple):
+    bytes: float
+    token_bytes: float  # the part that grows with the tokens
+    note: str
+
+
+def loss_head(spec: Spec, tokens: int) -> LossHead:
+    """The loss head's bytes for `tokens` tokens on one GPU."""
     arch, par = spec.arch, spec.train.parallel
     vocab = padded_vocab(arch.vocab_size, par.tp)
     local = vocab // par.tp
@@ -410,17 +428,23 @@ def loss_head(spec: Spec, tokens: int) -> tuple[float, float, str]:
     over = f"vocab {vocab}" + ("" if cut else f" ÷ tp {par.tp}")
     note = (f"{'top-p ' if cut else ''}chunk {rows} × {over} × {per_entry} B"
             f" + wgrad {weight_grad / GiB:.2f} + {tokens} × {per_token / 1024:.0f} KiB")
-    return chunk + weight_grad + tokens * per_token, tokens * per_token, note
+    return LossHead(chunk + weight_grad + tokens * per_token, tokens * per_token, note)
 
 
-def micro_batch_tokens(spec: Spec) -> tuple[int, str]:
-    """Tokens a GPU processes in one micro-batch, and how that number was found."""
+class MicroBatchTokens(NamedTuple):
+    tokens: int
+    why: str  # how the number was found
+
+
+def micro_batch_tokens(spec: Spec) -> MicroBatchTokens:
+    """Tokens a GPU processes in one micro-batch."""
     train, par = spec.train, spec.train.parallel
     if train.dynamic_batch:
-        return train.max_tokens_per_gpu, f"max_tokens_per_gpu {train.max_tokens_per_gpu}"
+        return MicroBatchTokens(train.max_tokens_per_gpu,
+                                f"max_tokens_per_gpu {train.max_tokens_per_gpu}")
     seq = spec.rollout.max_prompt_len + spec.rollout.sample_tokens
-    return (train.micro_batch_size * seq // par.cp,
-            f"micro batch {train.micro_batch_size} × {seq} tokens ÷ cp {par.cp}")
+    return MicroBatchTokens(train.micro_batch_size * seq // par.cp,
+                            f"micro batch {train.micro_batch_size} × {seq} tokens ÷ cp {par.cp}")
 
 
 # the terms live together at the backward's peak; the optimizer step comes after them
@@ -450,7 +474,7 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
                           static))
 
     tokens, token_note = micro_batch_tokens(spec)
-    path = expert_path(spec)[0] if arch.is_moe else None
+    path = expert_path(spec).path if arch.is_moe else None
     imbalance = routing_imbalance(spec)
     balanced = _stored_activations(spec, tokens, 1.0)
     layers = arch.num_layers / par.pp
@@ -469,8 +493,8 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
                              f"{arch.num_experts // par.ep} local experts' fc1 weights and "
                              "gradient, stacked", evidence.EXPERT_STACKS))
     # the loss head (the term keeps its name, "logits", for readers of plan.json)
-    head, _per_token, note = loss_head(spec, tokens)
-    backward.append(Term("logits", head, note, evidence.LOSS_HEAD))
+    head = loss_head(spec, tokens)
+    backward.append(Term("logits", head.bytes, head.note, evidence.LOSS_HEAD))
     terms += backward
     # the step comes after the backward has freed the terms above: it adds what it needs beyond
     step = adam_step_transient(spec)
@@ -486,12 +510,12 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
     terms.append(Term("optimizer step", max(step - working, 0.0), step_note,
                       _adam_step_basis(spec)))
     allocated = sum(t.bytes for t in terms)
-    outside, outside_basis = actor_outside_torch(spec)
-    parts = (Term("outside torch", outside, "CUDA context, cuBLAS, NCCL", outside_basis),
+    outside = actor_outside_torch(spec)
+    parts = (Term("outside torch", outside.bytes, "CUDA context, cuBLAS, NCCL", outside.basis),
              Term("fragmentation", FRAGMENTATION * allocated,
                   f"{FRAGMENTATION:.0%} of the allocated", evidence.FRAGMENTATION))
     terms.append(Term("allowance", sum(p.bytes for p in parts),
-                      f"outside torch {outside / GiB:.2f} GiB (CUDA context, NCCL) "
+                      f"outside torch {outside.bytes / GiB:.2f} GiB (CUDA context, NCCL) "
                       f"+ {FRAGMENTATION:.0%} fragmentation",
                       evidence.weakest(p.basis for p in parts), parts))
     if train.colocate:
@@ -545,7 +569,7 @@ def _engine_residual(spec: Spec, gpu_bytes: float) -> float:
 def _actor_residual(spec: Spec) -> float:
     """What the offloaded actor leaves on a GPU while the engines generate: its memory outside
     torch's allocator (the CUDA context and NCCL's buffers stay)."""
-    return actor_outside_torch(spec)[0]
+    return actor_outside_torch(spec).bytes
 
 
 def max_num_batched_tokens(spec: Spec, gpu_bytes: float) -> int:
@@ -608,7 +632,7 @@ def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     if spec.train.colocate:
         terms.append(Term("offloaded actor", _actor_residual(spec),
                           "actor state on the host; its CUDA context and NCCL stay",
-                          actor_outside_torch(spec)[1]))
+                          actor_outside_torch(spec).basis))
     phase = Phase("rollout", tuple(terms), gpu_bytes)
     return Rollout(phase, kv, kv_per_token, kv_tokens, max_len,
                    sequences_at_once=(kv_tokens // max_len) * inf.data_parallel_size,
@@ -638,26 +662,6 @@ def host_terms(spec: Spec) -> tuple[Term, ...]:
         terms.append(Term("reference model", 2 * shard.total * actor_gpus_per_node,
                           "bf16 reference weights for the KL term", evidence.HOST))
     return tuple(terms)
-
-
-def uses_torch_backend(spec: Spec) -> bool:
-    return "torch" in (spec.train.backend, spec.inference.backend)
-
-
-@dataclass(frozen=True)
-class TorchMemory:
-    """The torch backends' fp32 model, whole on each device (runtime/backends/torch_model.py):
-    what a rank and an engine hold, activations and the batch's KV not counted."""
-
-    actor_bytes: float  # weights, gradients and two Adam moments
-    engine_bytes: float  # weights
-
-
-def torch_memory(spec: Spec) -> TorchMemory | None:
-    if spec.arch is None or not uses_torch_backend(spec):
-        return None
-    params = spec.arch.params_total
-    return TorchMemory(actor_bytes=16 * params, engine_bytes=4 * params)
 
 
 def memory_plan(spec: Spec) -> MemoryPlan | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from itertools import chain, repeat
 
-from vime.plan.groups import Layout
+from vime.layout import Layout
 from vime.resolve.spec import Spec
 
 Gpu = tuple[int, int]  # (node, gpu on the node)
@@ -29,8 +29,7 @@ def gpu_columns(start: int, count: int, gpus_per_node: int) -> tuple[list[int], 
 
 def actor_layout(spec: Spec) -> Layout:
     """The actor's Megatron layout: its GPUs and the spec's parallel sizes."""
-    par = spec.train.parallel
-    return Layout(spec.train.num_gpus, par.tp, par.cp, par.pp, par.ep, par.etp)
+    return spec.derived.layout
 
 
 def rollout_start(spec: Spec) -> int:

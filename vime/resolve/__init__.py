@@ -15,6 +15,7 @@ from pathlib import Path as FsPath
 
 from vime import run_checkpoint, schema
 from vime.diagnostics import dotted
+from vime.layout import Layout
 from vime.overrides import Positions
 from vime.parse import Path
 from vime.resolve.model import PRESETS, Arch, ArchError, arch_from_config
@@ -286,8 +287,8 @@ def _derive(values: dict, origins: dict[str, Origin]) -> Derived:
     gpu_memory = cluster["gpu_memory_gib"] or GPU_MEMORY_GIB.get(known)
     return Derived(
         world_size=world,
-        dp=actor // (par["tp"] * par["cp"] * par["pp"]),
-        edp=actor // (par["etp"] * par["ep"] * par["pp"]),
+        layout=Layout(actor, tp=par["tp"], cp=par["cp"], pp=par["pp"], ep=par["ep"],
+                      etp=par["etp"]),
         vllm_tp=vllm_tp,
         vllm_ep=vllm_tp * vllm_dp if inference["expert_parallel"] else 1,
         num_engines=max(inference["num_gpus"], 0) // inference["gpus_per_engine"],

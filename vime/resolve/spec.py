@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vime.diagnostics import Location
+from vime.layout import Layout
 from vime.resolve.model import Arch
 from vime.run_checkpoint import RECORD_FILE
 
@@ -253,14 +254,23 @@ class Logging:
 class Derived:
     """Numbers that are not keys but follow from them (resolve computes, check verifies)."""
 
-    world_size: int
-    dp: int  # Megatron data parallel, excluding cp
-    edp: int  # Megatron expert data parallel
+    world_size: int  # the cluster's GPUs
+    layout: Layout  # the actor's: train.num_gpus ranks in train.parallel's sizes
     vllm_tp: int  # gpus_per_engine ÷ data_parallel_size
     vllm_ep: int  # vLLM's EP group = TP × DP when expert_parallel, else 1
     num_engines: int
     samples_per_rollout: int
     gpu_memory_gib: float | None  # from cluster.gpu_memory_gib or the card table
+
+    @property
+    def dp(self) -> int:
+        """Megatron data parallel, excluding cp."""
+        return self.layout.dp
+
+    @property
+    def edp(self) -> int:
+        """Megatron expert data parallel."""
+        return self.layout.edp
 
 
 @dataclass(frozen=True)
