@@ -97,6 +97,9 @@ class TrainSlice:
     # train.transformer_impl: the actor's layer spec, auto | transformer_engine | local (the
     # Megatron backend decides auto at start); a default for slices built by hand (benchmarks)
     transformer_impl: str = "auto"
+    # train.pack_sequences: the Megatron backend runs each micro-batch as one packed row of its
+    # samples (THD) where it can (cp = 1); the torch backend pads
+    pack_sequences: bool = True
 
 
 @dataclass(frozen=True)
@@ -330,7 +333,8 @@ class JobConfig:
                 "micro_batch_size", "dynamic_batch", "max_tokens_per_gpu", "routing_replay",
                 "recompute")},
                 # job folders compiled before the key existed have none: the schema's default
-                "transformer_impl": train.get("transformer_impl", "auto")}),
+                "transformer_impl": train.get("transformer_impl", "auto"),
+                "pack_sequences": train.get("pack_sequences", True)}),
             ranks=tuple(MappingProxyType(r) for r in plan["train"]["ranks"]),
             parallel=MappingProxyType({k: plan["train"][k] for k in (
                 "tp", "pp", "cp", "ep", "etp", "dp", "edp")}),
@@ -379,7 +383,8 @@ class JobConfig:
             needs_ref=self.needs_ref, routing_replay=bool(self.train["routing_replay"]),
             recompute=str(self.train["recompute"]), cpu_threads=cpu_threads,
             args=self.megatron_args, top_p=self.top_p,
-            transformer_impl=str(self.train["transformer_impl"]))
+            transformer_impl=str(self.train["transformer_impl"]),
+            pack_sequences=bool(self.train["pack_sequences"]))
 
     @property
     def max_model_len(self) -> int:

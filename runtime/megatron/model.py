@@ -93,6 +93,12 @@ class FlashCoreAttention(torch.nn.Module):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
+        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+            if self.cp_group is not None:
+                raise NotImplementedError(
+                    "packed sequences (THD) under context parallelism need Transformer "
+                    "Engine's attention; the local spec runs them padded (cp > 1)")
+            return packed_attention(query, key, value, packed_seq_params, self.softmax_scale)
         s, b = query.shape[0], query.shape[1]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, h, s, d]
         if self.cp_group is None:
@@ -121,6 +127,48 @@ class FlashCoreAttention(torch.nn.Module):
                 mine, k[:, :, :end], v[:, :, :end], attn_mask=causal_lower_right(chunk, end),
                 scale=self.softmax_scale))
         return torch.cat(halves, dim=2)
+
+
+def packed_attention(query, key, value, packed_seq_params, scale=None):
+    """Causal attention within each segment of packed [t, heads, d] tensors (megatron's THD
+    form: Attention squeezes the batch dimension of one packed row before its core attention),
+    the segments given by packed_seq_params.cu_seqlens_q; returns [t, heads · d_v].
+
+    On a GPU in bf16 / fp16: torch's varlen_attn (torch.nn.attention.varlen, Flash Attention's
+    variable-length kernel), one call for every segment, whose work is the sum of the
+    segments' squared lengths and which keeps no [t, t] mask; grouped-query heads read in
+    place (enable_gqa). Elsewhere (the CPU, fp32): SDPA once per segment with is_causal, the
+    same arithmetic as the padded path's one causal SDPA per row. One SDPA call with a
+    block-diagonal mask would hold a [t, t] mask (2^28 bytes for a 16k-token row) and run the
+    masked kernel over every block, the work of the whole row's square."""
+    cu = packed_seq_params.cu_seqlens_q
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _has_varlen():
+        from torch.nn.attention.varlen import varlen_attn
+
+        cu = cu.to(device=query.device, dtype=torch.int32)
+        longest = int(packed_seq_params.max_seqlen_q)
+        out = varlen_attn(query, key, value, cu, cu, longest, longest, scale=scale,
+                          window_size=(-1, 0), enable_gqa=query.shape[1] != key.shape[1])
+        return out.reshape(out.shape[0], -1)
+    bounds = cu.tolist()
+    pieces = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end == start:
+            continue
+        q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))  # [h, l, d]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                             enable_gqa=q.shape[0] != k.shape[0])
+        pieces.append(out.transpose(0, 1))
+    out = torch.cat(pieces)
+    return out.reshape(out.shape[0], -1)
+
+
+def _has_varlen() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class RMSNorm(torch.nn.Module):
