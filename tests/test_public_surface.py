@@ -57,7 +57,8 @@ SPEC = {
                 "overlong_buffer_len", "overlong_penalty_factor", "reward", "reward_timeout_s",
                 "temperature", "top_p"],
     "train": ["backend", "colocate", "dynamic_batch", "global_batch_size", "max_tokens_per_gpu",
-              "micro_batch_size", "num_gpus", "offload", "optimizer", "parallel", "recompute",
+              "micro_batch_size", "num_gpus", "offload", "optimizer", "pack_sequences",
+              "parallel", "recompute",
               "routing_imbalance", "routing_replay", "steps_per_rollout", "transformer_impl"],
 }
 

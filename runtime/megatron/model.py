@@ -142,13 +142,21 @@ def packed_attention(query, key, value, packed_seq_params, scale=None):
     block-diagonal mask would hold a [t, t] mask (2^28 bytes for a 16k-token row) and run the
     masked kernel over every block, the work of the whole row's square."""
     cu = packed_seq_params.cu_seqlens_q
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _has_varlen():
+    options = _varlen_options(scale) if query.is_cuda and \
+        query.dtype in (torch.bfloat16, torch.float16) else None
+    if options is not None:
         from torch.nn.attention.varlen import varlen_attn
 
         cu = cu.to(device=query.device, dtype=torch.int32)
         longest = int(packed_seq_params.max_seqlen_q)
-        out = varlen_attn(query, key, value, cu, cu, longest, longest, scale=scale,
-                          window_size=(-1, 0), enable_gqa=query.shape[1] != key.shape[1])
+        if key.shape[1] != query.shape[1]:
+            if "enable_gqa" in options:
+                options["enable_gqa"] = True
+            else:  # grouped-query heads repeated where the kernel cannot read them in place
+                key, value = (t.repeat_interleave(query.shape[1] // t.shape[1], dim=1)
+                              for t in (key, value))
+        query, key, value = (t.contiguous() for t in (query, key, value))
+        out = varlen_attn(query, key, value, cu, cu, longest, longest, **options)
         return out.reshape(out.shape[0], -1)
     bounds = cu.tolist()
     pieces = []
@@ -163,12 +171,30 @@ def packed_attention(query, key, value, packed_seq_params, scale=None):
     return out.reshape(out.shape[0], -1)
 
 
-def _has_varlen() -> bool:
+def _varlen_options(scale) -> dict | None:
+    """The keyword arguments of causal attention for this torch's varlen_attn, or None where
+    it has none or cannot take them: torch 2.14 spells causal window_size=(-1, 0) and takes
+    scale and enable_gqa; earlier releases spell it is_causal=True, some without scale."""
     try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return False
-    return True
+        return None
+    names = inspect.signature(varlen_attn).parameters
+    if "window_size" in names:
+        options: dict = {"window_size": (-1, 0)}
+    elif "is_causal" in names:
+        options = {"is_causal": True}
+    else:
+        return None
+    if "scale" in names:
+        options["scale"] = scale
+    elif scale is not None:
+        return None
+    if "enable_gqa" in names:
+        options["enable_gqa"] = False
+    return options
 
 
 class RMSNorm(torch.nn.Module):

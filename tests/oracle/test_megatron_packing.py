@@ -5,8 +5,10 @@ runtime/megatron/model.py, fp32 on the CPU in a spawned gloo world of one.
 
 Checked, for samples of different lengths in micro-batches of two and three:
 - the response log-probs of every sample are the padded path's (1e-5): attention stays inside
-  each sample and the rotary positions restart at 0 in each (a second sample read with the
-  first sample's positions continued, or attending to it, differs by far more);
+  each sample (one causal attention over the whole row, the packing ignored, is 0.2-0.4 off).
+  Rotary positions restarting at 0 in each sample (megatron-core's per-segment RoPE) are not
+  what this checks: RoPE's scores depend on the distance between positions only, so positions
+  continued across a row give the same log-probs up to rounding;
 - with routing replay (R3) the routes laid in the packed order (routing.packed_routes) give
   the padded path's log-probs, the replay is in force (free routing differs), and the rows
   vLLM routed are counted alike;
