@@ -26,6 +26,13 @@ responses (_response_terms).
   vocab] tensor kept for the backward (issue 18). Under tensor parallelism the weight is this
   rank's vocabulary rows: max and sums reduced over the tensor group, or with top_p < 1 each
   chunk's logits gathered over it (the nucleus needs every logit of a position).
+- Packed micro-batches (train.pack_sequences, cp = 1: `packing`): a micro-batch's samples go
+  forward one after another in one row of their summed length, with megatron-core's
+  PackedSeqParams (THD: attention and rotary positions per sample, model.py's
+  packed_attention), instead of right-padded to [n, longest]; the responses are picked at
+  their packed offsets and the replayed routes laid in the packed order. Under context
+  parallelism the micro-batches stay padded: megatron-core's THD attention there is
+  Transformer Engine's, and the local attention gathers whole padded rows.
 - Ranks that share an expert group must run the same number of forwards (the all-to-all is
   collective): every rank runs the largest count, padding with a masked repeat of a sample.
 
