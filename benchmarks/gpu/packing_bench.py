@@ -20,16 +20,20 @@ model by hand (megatron-core's DDP and optimizer want CUDA), and the train step 
 backward without the optimizer step, so that the script is known to run.
 
 Prints `RESULT {json}` and writes it to --out: tokens/s of each path and phase, the speedup,
-the packed log-probs' mean and max |Δ| from the padded ones, peak memory (GPU).
+the packed log-probs' mean and max |Δ| from the padded ones, and the same for the padded path
+run again in micro-batches of half the tokens (the noise floor of the precision: other shapes
+and kernels round differently), peak memory (GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +83,6 @@ def gpu_backend(arch: dict, max_tokens: int):
 def cpu_backend(arch: dict, max_tokens: int):
     """The backend around a fp32 model on the CPU, gloo, without DDP or an optimizer: its
     batching, forward, loss head and loss are the GPU run's."""
-    import types
 
     from megatron.core import parallel_state
 
@@ -131,6 +134,13 @@ def cpu_backend(arch: dict, max_tokens: int):
     backend._route_counts = torch.zeros(2, dtype=torch.int64)
     backend._counting_routes, backend._routed_rows = False, None
     return backend
+
+
+def _with_budget(slice, tokens: int):
+    """The slice with max_tokens_per_gpu = tokens (a TrainSlice, or the CPU's namespace)."""
+    if dataclasses.is_dataclass(slice):
+        return dataclasses.replace(slice, max_tokens_per_gpu=tokens)
+    return types.SimpleNamespace(**{**vars(slice), "max_tokens_per_gpu": tokens})
 
 
 def _subset(batch: TrainBatch, count: int) -> TrainBatch:
@@ -194,10 +204,17 @@ def main() -> None:
                         "log_probs_s": seconds, "log_probs_tokens_per_s": real / seconds,
                         "log_probs_peak_gib": peak}
         print(f"{name}: {len(groups)} micro-batches, log-probs {seconds:.2f} s", flush=True)
-    gaps = np.concatenate([np.abs(np.array(a) - np.array(b)) for a, b in
-                           zip(log_probs["packed"], log_probs["padded"], strict=True)])
-    result["log_prob_abs_diff_mean"] = float(gaps.mean())
-    result["log_prob_abs_diff_max"] = float(gaps.max())
+    # the noise floor: the padded path again, its micro-batches of half the tokens (other
+    # shapes, other kernels' rounding), against the first padded pass
+    whole = backend.slice
+    backend.packed, backend.slice = False, _with_budget(whole, max_tokens // 2)
+    log_probs["padded_half"] = backend.log_probs(batch)
+    backend.slice = whole
+    for key, (a, b) in {"log_prob_abs_diff": ("packed", "padded"),
+                        "padded_noise_abs_diff": ("padded_half", "padded")}.items():
+        gaps = np.concatenate([np.abs(np.array(x) - np.array(y)) for x, y in
+                               zip(log_probs[a], log_probs[b], strict=True)])
+        result[f"{key}_mean"], result[f"{key}_max"] = float(gaps.mean()), float(gaps.max())
     rng = np.random.default_rng(args.seed + 1)
     training = TrainBatch(tokens=batch.tokens, prompt_lens=batch.prompt_lens,
                           advantages=rng.normal(size=len(batch)).tolist(),
