@@ -24,6 +24,8 @@ same parameters as SequentialMLP) wherever torch's grouped GEMM works: see `choo
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 
 import torch
@@ -73,7 +75,10 @@ class FlashCoreAttention(torch.nn.Module):
     GPTModel already gives each rank). The keys and values are all-gathered over the
     context-parallel group (backward: reduce-scatter, since every rank's queries use every
     rank's keys), put back in sequence order, and each local chunk attends to the keys up to
-    its own end, causal aligned to the lower right."""
+    its own end, causal aligned to the lower right.
+
+    Packed rows (PackedSeqParams with qkv_format "thd", the backend's packed micro-batches):
+    [t, heads, d] tensors, causal within each sample (packed_attention); cp = 1 only."""
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type,
                  attention_dropout=None, softmax_scale=None, cp_comm_type=None, pg_collection=None,
@@ -137,7 +142,8 @@ def packed_attention(query, key, value, packed_seq_params, scale=None):
     On a GPU in bf16 / fp16: torch's varlen_attn (torch.nn.attention.varlen, Flash Attention's
     variable-length kernel), one call for every segment, whose work is the sum of the
     segments' squared lengths and which keeps no [t, t] mask; grouped-query heads read in
-    place (enable_gqa). Elsewhere (the CPU, fp32): SDPA once per segment with is_causal, the
+    place where it takes enable_gqa (torch 2.14), repeated where it does not (torch 2.11, the
+    H200 machine's: window_size and scale only). Elsewhere (the CPU, fp32): SDPA once per segment with is_causal, the
     same arithmetic as the padded path's one causal SDPA per row. One SDPA call with a
     block-diagonal mask would hold a [t, t] mask (2^28 bytes for a 16k-token row) and run the
     masked kernel over every block, the work of the whole row's square."""
@@ -171,17 +177,23 @@ def packed_attention(query, key, value, packed_seq_params, scale=None):
     return out.reshape(out.shape[0], -1)
 
 
+@functools.lru_cache
+def _varlen_signature() -> frozenset[str] | None:
+    """The keyword names of this torch's varlen_attn (None: it has none), read once."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def _varlen_options(scale) -> dict | None:
     """The keyword arguments of causal attention for this torch's varlen_attn, or None where
     it has none or cannot take them: torch 2.14 spells causal window_size=(-1, 0) and takes
     scale and enable_gqa; earlier releases spell it is_causal=True, some without scale."""
-    try:
-        import inspect
-
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
+    names = _varlen_signature()
+    if names is None:
         return None
-    names = inspect.signature(varlen_attn).parameters
     if "window_size" in names:
         options: dict = {"window_size": (-1, 0)}
     elif "is_causal" in names:
