@@ -56,8 +56,9 @@ SPEC = {
                 "n_samples_per_prompt", "num_rollout", "over_sampling_batch_size", "overlong",
                 "overlong_buffer_len", "overlong_penalty_factor", "reward", "reward_timeout_s",
                 "temperature", "top_p"],
-    "train": ["backend", "balance_data", "colocate", "dynamic_batch", "global_batch_size", "max_tokens_per_gpu",
-              "micro_batch_size", "num_gpus", "offload", "optimizer", "parallel", "recompute",
+    "train": ["backend", "balance_data", "colocate", "dynamic_batch", "global_batch_size",
+              "max_tokens_per_gpu", "micro_batch_size", "num_gpus", "offload", "optimizer",
+              "pack_sequences", "parallel", "recompute",
               "routing_imbalance", "routing_replay", "steps_per_rollout", "transformer_impl"],
 }
 

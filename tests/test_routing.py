@@ -11,6 +11,7 @@ from runtime.megatron.routing import (
     ReplayLayout,
     batch_routes,
     local_routes,
+    packed_routes,
     per_layer,
     sample_routes,
 )
@@ -123,3 +124,18 @@ def test_per_layer_gives_megatrons_replay_tensors():
 def test_mismatched_arrays_are_refused(shape, length, message):
     with pytest.raises(ValueError, match=message):
         sample_routes(np.zeros(shape, dtype=np.uint8), length, moe_layers=2)
+
+
+def test_a_packed_row_is_its_samples_one_after_another_then_padding():
+    routed = [token_routes(4, offset=0), token_routes(3, offset=100)]
+    routes, known = packed_routes(routed, [4, 3], 8, 2, ReplayLayout())
+    # each sample's last token borrows its last route; the padding, the last sample's
+    assert list(token_of(routes)) == [0, 1, 2, 2, 100, 101, 101, 101]
+    assert known.tolist() == [True, True, True, False, True, True, False, False]
+    halves = [packed_routes(routed, [4, 3], 8, 2, ReplayLayout(tp=2, sequence_parallel=True),
+                            tp_rank=r) for r in (0, 1)]
+    assert [list(token_of(r)) for r, _ in halves] == [[0, 1, 2, 2], [100, 101, 101, 101]]
+    with pytest.raises(ValueError, match="cp = 1"):
+        packed_routes(routed, [4, 3], 8, 2, ReplayLayout(cp=2, pad_multiple=4))
+    with pytest.raises(ValueError, match="does not split"):
+        packed_routes(routed, [4, 3], 7, 2, ReplayLayout(tp=2, sequence_parallel=True))

@@ -24,6 +24,21 @@ _LAYER_SPEC = {
 }
 
 
+def _sequence_path(spec) -> str:
+    """How the actor lays a micro-batch's samples out (runtime/backends/megatron_train.py,
+    packing): packed into one row under the Megatron backend with pack_sequences and cp = 1,
+    else padded to the longest, and why."""
+    origin = spec.origin("train.pack_sequences").describe()
+    if spec.train.backend != "megatron":
+        return f"padded to the longest sample (the {spec.train.backend} backend pads)"
+    if not spec.train.pack_sequences:
+        return f"padded to the longest sample (pack_sequences = false, from {origin})"
+    if spec.train.parallel.cp > 1:
+        return (f"padded to the longest sample (cp = {spec.train.parallel.cp}: packed "
+                "sequences need cp = 1)")
+    return f"packed into one row, no padding (pack_sequences, from {origin})"
+
+
 def human(diag: Diagnostic) -> str:
     lines = [f"{diag.severity}[{diag.code}]: {diag.message}"]
     loc = diag.location
@@ -207,6 +222,7 @@ def plan_text(plan: Plan) -> str:
         origin = f"(from {spec.origin('train.transformer_impl').describe()})"
         out += ([f"{line} {origin}"] if len(line) + len(origin) < 100
                 else [line, f"              {origin}"])
+    out.append(f"  micro-batches: {_sequence_path(spec)}")
     rollout = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
     out += ["", f"{rollout} rollout: {plural(len(plan.engines), 'engine')} of "
             f"{plural(spec.inference.gpus_per_engine, 'GPU')}"]

@@ -26,6 +26,13 @@ responses (_response_terms).
   vocab] tensor kept for the backward (issue 18). Under tensor parallelism the weight is this
   rank's vocabulary rows: max and sums reduced over the tensor group, or with top_p < 1 each
   chunk's logits gathered over it (the nucleus needs every logit of a position).
+- Packed micro-batches (train.pack_sequences, cp = 1: `packing`): a micro-batch's samples go
+  forward one after another in one row of their summed length, with megatron-core's
+  PackedSeqParams (THD: attention and rotary positions per sample, model.py's
+  packed_attention), instead of right-padded to [n, longest]; the responses are picked at
+  their packed offsets and the replayed routes laid in the packed order. Under context
+  parallelism the micro-batches stay padded: megatron-core's THD attention there is
+  Transformer Engine's, and the local attention gathers whole padded rows.
 - Ranks that share an expert group must run the same number of forwards (the all-to-all is
   collective): every rank runs the largest count, padding with a masked repeat of a sample.
 
@@ -49,6 +56,7 @@ import torch.distributed as dist
 from runtime.backends.torch_train import (
     PAD,
     TorchTrainingBackend,
+    packed_response_positions,
     response_positions,
     sampling_top_p,
 )
@@ -64,12 +72,24 @@ from runtime.megatron.model import (
     cp_slots,
     transformer_config,
 )
-from runtime.megatron.routing import ReplayLayout, batch_routes, per_layer
+from runtime.megatron.routing import ReplayLayout, batch_routes, packed_routes, per_layer
 from vime.resolve.model import arch_from_config
 
 # megatron-core's default optimizer layout (dp_reshardable since 0.14; the older
 # fully_sharded_model_space is refused with "ShardedTensor.flattened_range is not supported")
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def packing(pack_sequences: bool, cp: int) -> tuple[bool, str]:
+    """(whether a micro-batch's samples go forward packed into one row, why): the spec's
+    train.pack_sequences, except under context parallelism, where megatron-core's THD
+    attention is Transformer Engine's (its rotary and load-balanced chunks are per segment)
+    and the local spec's attention gathers whole padded rows (runtime/megatron/model.py)."""
+    if not pack_sequences:
+        return False, "train.pack_sequences = false"
+    if cp > 1:
+        return False, f"cp = {cp}: packed sequences under context parallelism are not laid out"
+    return True, "train.pack_sequences = true"
 
 
 def _free_port() -> int:
@@ -203,6 +223,10 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                     if slice.needs_ref else None)
         self.temperature = slice.temperature if slice.temperature > 0 else 1.0
         self.top_p = sampling_top_p(slice)
+        self.packed, why = packing(slice.pack_sequences, cp)
+        if slice.rank == 0:
+            print(f"vime: micro-batches {'packed into one row' if self.packed else 'padded'} "
+                  f"({why})", flush=True)
         self.offloaded = False
         self._host = None  # the HostMirror (runtime/backends/offload.py) of the first offload
         # replayed routes the actor's own routers also pick, counted in the actor log-prob
@@ -284,6 +308,9 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         return groups
 
     def _replay(self, batch: TrainBatch, indices: list[int], width: int) -> None:
+        """The replayed routes of the samples `indices` laid out as this rank's routers see
+        them: padded to [n, width] (batch_routes) or packed into one row of `width` tokens
+        (packed_routes)."""
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
         RouterReplay.clear_global_indices()
@@ -294,10 +321,14 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             return
         # the samples padded to `width`, then this rank's chunks of them (cp), its slice (sp)
         layout = ReplayLayout(tp=self.tp, cp=self.cp, sequence_parallel=self.tp > 1)
-        routes, routed = batch_routes([batch.routed_experts[i] for i in indices],
-                                      [len(batch.tokens[i]) for i in indices], width,
-                                      self.arch.num_moe_layers, layout, tp_rank=self.tp_rank,
-                                      cp_rank=self.cp_rank)
+        samples = [batch.routed_experts[i] for i in indices]
+        lengths = [len(batch.tokens[i]) for i in indices]
+        if self.packed:
+            routes, routed = packed_routes(samples, lengths, width, self.arch.num_moe_layers,
+                                           layout, tp_rank=self.tp_rank)
+        else:
+            routes, routed = batch_routes(samples, lengths, width, self.arch.num_moe_layers,
+                                          layout, tp_rank=self.tp_rank, cp_rank=self.cp_rank)
         if indices == [PAD]:  # a repeat that keeps the collectives in step: not counted
             routed[:] = False
         RouterReplay.set_replay_data([self._to_device(torch.from_numpy(a))
@@ -315,6 +346,28 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             ids = torch.nn.functional.pad(ids, (0, multiple - ids.shape[1] % multiple))
         self._replay(batch, indices, ids.shape[1])
         return ids
+
+    def _packed_inputs(self, batch: TrainBatch, indices: list[int]):
+        """The samples' token ids packed into one row [1, T] (T their summed length, rounded up
+        to a multiple of tp for sequence parallelism, the rounding a segment of its own), the
+        positions [1, T] restarting at 0 in every segment, megatron-core's PackedSeqParams
+        for them (THD: attention and rotary positions per segment), and the replayed routes
+        in the packed order."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        lengths = [len(batch.tokens[i]) for i in indices]
+        total = sum(lengths)
+        padded = total + -total % self.tp
+        segments = lengths + ([padded - total] if padded > total else [])
+        ids = torch.zeros(1, padded, dtype=torch.long)
+        ids[0, :total] = torch.tensor([t for i in indices for t in batch.tokens[i]])
+        positions = torch.cat([torch.arange(n) for n in segments]).unsqueeze(0)
+        bounds = torch.tensor([0, *segments], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        bounds = self._to_device(bounds)
+        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds,
+                                 max_seqlen_q=max(segments), max_seqlen_kv=max(segments))
+        self._replay(batch, indices, padded)
+        return self._to_device(ids), self._to_device(positions), packed
 
     def _local(self, full: torch.Tensor) -> torch.Tensor:
         """This context-parallel rank's part of [n, width] per-position values: chunks r and
@@ -334,10 +387,14 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         chunks = gathered.chunk(2 * self.cp, dim=1)
         return torch.cat([chunks[i] for i in cp_slots(self.cp)], dim=1)
 
-    def _head(self, ids: torch.Tensor):
+    def _head(self, ids: torch.Tensor, positions: torch.Tensor | None = None, packed=None):
         """The loss head's inputs at this rank's positions of ids: the final hidden states
         [n, width / cp, h] (every position of the tensor group's sequence) and the output
-        weight [V / tp, h], from the model in bf16 (no fp32 copy of its outputs)."""
+        weight [V / tp, h], from the model in bf16 (no fp32 copy of its outputs). `packed`:
+        ids is one packed row [1, T] with its positions and PackedSeqParams."""
+        if packed is not None:
+            return self.model(ids, positions, None, packed_seq_params=packed,
+                              output_processor=_head_inputs, fp32_output=False)
         positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0).expand_as(ids)
         ids, positions = self._local(ids), self._local(positions)
         return self.model(ids, positions, None, output_processor=_head_inputs, fp32_output=False)
@@ -361,10 +418,18 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                     self.params[name].data.copy_(tensor)
 
     def _forward(self, batch: TrainBatch, indices: list[int], params=None):
-        ids = self._inputs(batch, indices)
-        hidden, weight = self._head(ids)
-        return (*self._pick_responses(hidden, ids, [batch.prompt_lens[i] for i in indices],
-                                      [len(batch.tokens[i]) for i in indices]), weight)
+        prompt_lens = [batch.prompt_lens[i] for i in indices]
+        lengths = [len(batch.tokens[i]) for i in indices]
+        if not self.packed:
+            ids = self._inputs(batch, indices)
+            hidden, weight = self._head(ids)
+            return (*self._pick_responses(hidden, ids, prompt_lens, lengths), weight)
+        ids, positions, packed = self._packed_inputs(batch, indices)
+        hidden, weight = self._head(ids, positions, packed)
+        _rows, positions, mask = packed_response_positions(prompt_lens, lengths, ids.shape[1])
+        positions = self._to_device(positions)
+        targets = ids[0, (positions + 1).clamp(max=ids.shape[1] - 1)]
+        return hidden[0, positions], targets, self._to_device(mask), weight
 
     def _response_terms(self, batch: TrainBatch, indices: list[int], params=None,
                         entropy: bool = True):

@@ -47,6 +47,19 @@ def response_positions(prompt_lens: list[int], lengths: list[int], width: int):
     return rows, (starts + offsets).clamp(max=width - 1), mask
 
 
+def packed_response_positions(prompt_lens: list[int], lengths: list[int], width: int):
+    """response_positions for the samples packed one after another into one row of `width`
+    tokens (sample i starts at the sum of the lengths before it): rows [n, 1] all 0,
+    positions [n, R] in that row, mask [n, R]."""
+    offsets = [0]
+    for length in lengths[:-1]:
+        offsets.append(offsets[-1] + length)
+    rows, positions, mask = response_positions(
+        [o + p for o, p in zip(offsets, prompt_lens, strict=True)],
+        [o + n for o, n in zip(offsets, lengths, strict=True)], width)
+    return torch.zeros_like(rows), positions, mask
+
+
 def sampling_top_p(slice: TrainSlice) -> float:
     """The top-p the rollout sampled with; 1 for greedy sampling, where vLLM applies none
     (its SamplingParams sets top_p = 1 at temperature 0)."""
@@ -54,6 +67,10 @@ def sampling_top_p(slice: TrainSlice) -> float:
 
 
 class TorchTrainingBackend(TrainingBackend):
+    # every sample of a micro-batch in one row of their summed length (the Megatron backend's
+    # packed sequences); here each sample is a row of the micro-batch's longest
+    packed = False
+
     def __init__(self):
         self.offloaded = False
         self._host: dict | None = None
@@ -94,19 +111,22 @@ class TorchTrainingBackend(TrainingBackend):
 
     def _micro_batches(self, batch: TrainBatch) -> list[list[int]]:
         """Consecutive samples: at most micro_batch_size of them, or with dynamic_batch as
-        many as fit max_tokens_per_gpu padded tokens (a longer sample goes alone)."""
-        groups, current, longest = [], [], 0
+        many as fit max_tokens_per_gpu tokens (a longer sample goes alone): the tokens the
+        forward runs, the sum of the lengths when packed, else n × the longest."""
+        groups, current, longest, total = [], [], 0, 0
         for index, tokens in enumerate(batch.tokens):
             if self.slice.dynamic_batch:
-                grown = max(longest, len(tokens)) * (len(current) + 1)
+                grown = (total + len(tokens) if self.packed
+                         else max(longest, len(tokens)) * (len(current) + 1))
                 full = current and grown > self.slice.max_tokens_per_gpu
             else:
                 full = len(current) == self.slice.micro_batch_size
             if full:
                 groups.append(current)
-                current, longest = [], 0
+                current, longest, total = [], 0, 0
             current.append(index)
             longest = max(longest, len(tokens))
+            total += len(tokens)
         if current:
             groups.append(current)
         return groups

@@ -98,6 +98,9 @@ class TrainSlice:
     # train.transformer_impl: the actor's layer spec, auto | transformer_engine | local (the
     # Megatron backend decides auto at start); a default for slices built by hand (benchmarks)
     transformer_impl: str = "auto"
+    # train.pack_sequences: the Megatron backend runs each micro-batch as one packed row of its
+    # samples (THD) where it can (cp = 1); the torch backend pads
+    pack_sequences: bool = True
 
     def __post_init__(self):
         if not isinstance(self.parallel, Layout):  # a slice built by hand from a mapping
@@ -336,7 +339,8 @@ class JobConfig:
                 "recompute")},
                 # job folders compiled before the key existed have none: the schema's default
                 "transformer_impl": train.get("transformer_impl", "auto"),
-                "balance_data": bool(train.get("balance_data", False))}),
+                "balance_data": bool(train.get("balance_data", False)),
+                "pack_sequences": train.get("pack_sequences", True)}),
             ranks=tuple(MappingProxyType(r) for r in plan["train"]["ranks"]),
             parallel=Layout.from_plan(plan["train"]),
             engines=tuple(MappingProxyType(e) for e in plan["rollout"]["engines"]),
@@ -383,7 +387,8 @@ class JobConfig:
             needs_ref=self.needs_ref, routing_replay=bool(self.train["routing_replay"]),
             recompute=str(self.train["recompute"]), cpu_threads=cpu_threads,
             args=self.megatron_args, top_p=self.top_p,
-            transformer_impl=str(self.train["transformer_impl"]))
+            transformer_impl=str(self.train["transformer_impl"]),
+            pack_sequences=bool(self.train["pack_sequences"]))
 
     @property
     def max_model_len(self) -> int:

@@ -24,6 +24,8 @@ same parameters as SequentialMLP) wherever torch's grouped GEMM works: see `choo
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 
 import torch
@@ -73,7 +75,10 @@ class FlashCoreAttention(torch.nn.Module):
     GPTModel already gives each rank). The keys and values are all-gathered over the
     context-parallel group (backward: reduce-scatter, since every rank's queries use every
     rank's keys), put back in sequence order, and each local chunk attends to the keys up to
-    its own end, causal aligned to the lower right."""
+    its own end, causal aligned to the lower right.
+
+    Packed rows (PackedSeqParams with qkv_format "thd", the backend's packed micro-batches):
+    [t, heads, d] tensors, causal within each sample (packed_attention); cp = 1 only."""
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type,
                  attention_dropout=None, softmax_scale=None, cp_comm_type=None, pg_collection=None,
@@ -93,6 +98,12 @@ class FlashCoreAttention(torch.nn.Module):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
+        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+            if self.cp_group is not None:
+                raise NotImplementedError(
+                    "packed sequences (THD) under context parallelism need Transformer "
+                    "Engine's attention; the local spec runs them padded (cp > 1)")
+            return packed_attention(query, key, value, packed_seq_params, self.softmax_scale)
         s, b = query.shape[0], query.shape[1]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, h, s, d]
         if self.cp_group is None:
@@ -121,6 +132,81 @@ class FlashCoreAttention(torch.nn.Module):
                 mine, k[:, :, :end], v[:, :, :end], attn_mask=causal_lower_right(chunk, end),
                 scale=self.softmax_scale))
         return torch.cat(halves, dim=2)
+
+
+def packed_attention(query, key, value, packed_seq_params, scale=None):
+    """Causal attention within each segment of packed [t, heads, d] tensors (megatron's THD
+    form: Attention squeezes the batch dimension of one packed row before its core attention),
+    the segments given by packed_seq_params.cu_seqlens_q; returns [t, heads · d_v].
+
+    On a GPU in bf16 / fp16: torch's varlen_attn (torch.nn.attention.varlen, Flash Attention's
+    variable-length kernel), one call for every segment, whose work is the sum of the
+    segments' squared lengths and which keeps no [t, t] mask; grouped-query heads read in
+    place where it takes enable_gqa (torch 2.14), repeated where it does not (torch 2.11, the
+    H200 machine's: window_size and scale only). Elsewhere (the CPU, fp32): SDPA once per segment with is_causal, the
+    same arithmetic as the padded path's one causal SDPA per row. One SDPA call with a
+    block-diagonal mask would hold a [t, t] mask (2^28 bytes for a 16k-token row) and run the
+    masked kernel over every block, the work of the whole row's square."""
+    cu = packed_seq_params.cu_seqlens_q
+    options = _varlen_options(scale) if query.is_cuda and \
+        query.dtype in (torch.bfloat16, torch.float16) else None
+    if options is not None:
+        from torch.nn.attention.varlen import varlen_attn
+
+        cu = cu.to(device=query.device, dtype=torch.int32)
+        longest = int(packed_seq_params.max_seqlen_q)
+        if key.shape[1] != query.shape[1]:
+            if "enable_gqa" in options:
+                options["enable_gqa"] = True
+            else:  # grouped-query heads repeated where the kernel cannot read them in place
+                key, value = (t.repeat_interleave(query.shape[1] // t.shape[1], dim=1)
+                              for t in (key, value))
+        query, key, value = (t.contiguous() for t in (query, key, value))
+        out = varlen_attn(query, key, value, cu, cu, longest, longest, **options)
+        return out.reshape(out.shape[0], -1)
+    bounds = cu.tolist()
+    pieces = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end == start:
+            continue
+        q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))  # [h, l, d]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                             enable_gqa=q.shape[0] != k.shape[0])
+        pieces.append(out.transpose(0, 1))
+    out = torch.cat(pieces)
+    return out.reshape(out.shape[0], -1)
+
+
+@functools.lru_cache
+def _varlen_signature() -> frozenset[str] | None:
+    """The keyword names of this torch's varlen_attn (None: it has none), read once."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _varlen_options(scale) -> dict | None:
+    """The keyword arguments of causal attention for this torch's varlen_attn, or None where
+    it has none or cannot take them: torch 2.14 spells causal window_size=(-1, 0) and takes
+    scale and enable_gqa; earlier releases spell it is_causal=True, some without scale."""
+    names = _varlen_signature()
+    if names is None:
+        return None
+    if "window_size" in names:
+        options: dict = {"window_size": (-1, 0)}
+    elif "is_causal" in names:
+        options = {"is_causal": True}
+    else:
+        return None
+    if "scale" in names:
+        options["scale"] = scale
+    elif scale is not None:
+        return None
+    if "enable_gqa" in names:
+        options["enable_gqa"] = False
+    return options
 
 
 class RMSNorm(torch.nn.Module):

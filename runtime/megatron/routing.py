@@ -7,8 +7,10 @@ so the last token of the sample has none. megatron-core replays routes through
 (megatron/core/transformer/moe/router_replay.py), where a rank's local tokens are those its
 router sees. Two layouts of the samples:
 
-- `batch_routes`: the Megatron backend's micro-batches, several samples right-padded to one
-  [n, width] batch, which a router sees position-major (see there);
+- `batch_routes`: the Megatron backend's padded micro-batches, several samples right-padded to
+  one [n, width] batch, which a router sees position-major (see there);
+- `packed_routes`: the Megatron backend's packed micro-batches, the samples one after another
+  in one row (THD), padded at the end only;
 - `local_routes`: samples packed one after another (THD), each padded to a multiple of
   `pad_multiple` (benchmarks/gpu/routing_replay.py).
 
@@ -110,6 +112,35 @@ def batch_routes(samples: Sequence[np.ndarray], lengths: Sequence[int], width: i
                              f"{layout.tp}; pad the batch to a multiple of tp")
         routes, known = np.split(routes, layout.tp)[tp_rank], np.split(known, layout.tp)[tp_rank]
     return routes.reshape(-1, *routes.shape[2:]), known.reshape(-1)
+
+
+def packed_routes(samples: Sequence[np.ndarray], lengths: Sequence[int], total: int,
+                  moe_layers: int, layout: ReplayLayout,
+                  tp_rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Routes of the tokens one tp_rank's router sees when the samples go forward packed into
+    one row of `total` tokens (the Megatron backend's packed micro-batches: the samples one
+    after another, then padding to `total`): ([local_tokens, layers, top_k], a [local_tokens]
+    mask of the rows vLLM routed). The row is [total, 1, h] in megatron-core's layers, so the
+    router's row p is packed token p; sequence parallelism splits it into tp contiguous
+    slices. Context parallelism is not laid out here: packed sequences under cp > 1 need
+    Transformer Engine's attention, and the backend runs them padded (batch_routes)."""
+    if layout.cp > 1:
+        raise ValueError("packed routes are laid out for cp = 1; cp > 1 runs padded")
+    routes, known = [], []
+    for routed, length in zip(samples, lengths, strict=True):
+        routes.append(sample_routes(routed, length, moe_layers))
+        known.append(np.arange(length) < routed.shape[0])
+    routes, known = np.concatenate(routes), np.concatenate(known)
+    if len(routes) > total:
+        raise ValueError(f"{len(routes)} tokens of samples in a packed row of {total}")
+    routes = _pad_to(routes, total)
+    known = np.concatenate([known, np.zeros(total - len(known), dtype=bool)])
+    if layout.sequence_parallel and layout.tp > 1:
+        if total % layout.tp:
+            raise ValueError(f"a packed row of {total} tokens does not split over tp = "
+                             f"{layout.tp}; pad it to a multiple of tp")
+        routes, known = np.split(routes, layout.tp)[tp_rank], np.split(known, layout.tp)[tp_rank]
+    return routes, known
 
 
 def _pad_to(routes: np.ndarray, width: int) -> np.ndarray:

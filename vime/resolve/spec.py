@@ -192,6 +192,7 @@ class Train:
     recompute: str
     offload: str  # auto | always | never: taking turns on a colocated GPU (vime/plan/colocation.py)
     transformer_impl: str  # auto | transformer_engine | local (--transformer-impl)
+    pack_sequences: bool  # Megatron backend, cp = 1: a micro-batch as one packed row (THD)
     routing_imbalance: float
     parallel: Parallel
     optimizer: Optimizer
