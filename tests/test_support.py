@@ -4,6 +4,7 @@ files written after the Hugging Face hub's (tests/fixtures/configs/)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -145,6 +146,35 @@ def test_tiny_h200_against_the_checkpoint_its_script_writes(tmp_path):
     shutil.copy(spec, tmp_path / "spec.toml")
     result = run_spec(spec, [f'model.hf_checkpoint="{tmp_path}"'])
     assert not codes(result) & {"V102", "V103"}, [d.message for d in result.diagnostics]
+
+
+@pytest.mark.parametrize("spec, shape", [("tiny_h200_dsv3", "deepseek-v3-tiny"),
+                                         ("tiny_h200_glm", "glm4-moe-tiny")])
+def test_family_specs_against_the_checkpoint_their_script_writes(tmp_path, spec, shape):
+    # the spec's [model.arch] is what benchmarks/gpu/tiny_moe.py writes through transformers'
+    # save_pretrained: no contradiction, nothing refused, the same architecture either way
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    folder = tmp_path / shape
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "tiny_moe.py"),
+                    str(folder), "--shape", shape, "--device", "cpu"], check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    path = ROOT / "specs" / f"{spec}.toml"
+    against = run_spec(path, [f'model.hf_checkpoint="{folder}"'])
+    assert against.ok and not codes(against) & {"V102", "V103"}, [
+        (d.code, d.message) for d in against.diagnostics if d.severity != "note"]
+    assert against.spec.model_config.origin.kind == "config.json"
+    assert against.spec.arch == run_spec(path).spec.arch
+    # config.json alone reads as the spec's architecture (transformers v5 writes GLM's
+    # partial_rotary_factor under rope_parameters), and a contradiction there is named
+    from vime.resolve.model import arch_from_config
+
+    assert arch_from_config(json.loads((folder / "config.json").read_text())) == against.spec.arch
+    key = "partial_rotary_factor" if shape.startswith("glm") else "kv_lora_rank"
+    assert "V103" in codes(run_spec(path, [f'model.hf_checkpoint="{folder}"',
+                                           f"model.arch.{key}=1"]))
 
 
 # -- the DeepSeek-V3 and GLM-4.5 families: run, but for the features named -------------------
