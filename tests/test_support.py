@@ -208,6 +208,17 @@ def test_moe_families_plan_as_moe_and_v102_names_what_the_backend_lacks(tmp_path
     assert not any(w in diag.message for w in ("QKV bias", "part of each head", "shared expert"))
 
 
+@pytest.mark.parametrize("key", ["scoring_func", "topk_method"])
+def test_a_deepseek_v3_config_vllm_would_route_otherwise_is_named(tmp_path, key):
+    # transformers v5 writes neither key; vLLM's deepseek_v2.py then scores by softmax
+    # without the expert bias, where transformers and the actor take sigmoid with it
+    result = _plan(_checkpoint(tmp_path, "deepseek_v3", **{key: None}),
+                   "rollout.max_response_len=4096", "inference.gpus_per_engine=8",
+                   "train.parallel.ep=8")
+    (diag,) = [d for d in result.diagnostics if d.code == "V102"]
+    assert f"without {key}" in diag.message and "another router" in diag.message
+
+
 def test_moonlight_gets_a_planning_only_plan_with_mla_in_the_engine(tmp_path):
     result = _plan(_checkpoint(tmp_path, "moonlight_16b_a3b"), "rollout.max_response_len=4096")
     assert codes(result) & {"V102"} and result.sketch is not None, [

@@ -137,6 +137,14 @@ def _moe_family_features(config: dict) -> list[Unsupported]:
     routing picking half of top_k's groups, scaled routing weights, QKV bias, q/k norms,
     partial rotary, dense first layers."""
     found: list[Unsupported] = []
+    if config.get("model_type") in ("deepseek_v3", "kimi_k2"):
+        # vLLM's deepseek_v2.py reads getattr(config, "scoring_func", "softmax") and builds
+        # the expert bias only for topk_method "noaux_tc"; transformers (v5 writes neither
+        # key) and the Megatron actor route by sigmoid with the bias
+        for key, value in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+            if key not in config:
+                found.append(Unsupported(key, None, f"a config.json without {key} = "
+                                         f"{value!r} (vLLM then serves another router)"))
     if _number(config, "kv_lora_rank") and not _number(config, "q_lora_rank"):
         # megatron-core's local spec builds that projection only norm-fused, from Transformer
         # Engine (megatron/core/transformer/mla_qk_norm_config.py)

@@ -50,6 +50,8 @@ FAMILIES = {
         "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
         "v_head_dim": 128, "n_routed_experts": 32, "n_shared_experts": 2, "n_group": 8,
         "topk_group": 2, "routed_scaling_factor": 2.5,
+        # as DeepSeek-V3's config.json: vLLM routes by softmax without the bias without them
+        "scoring_func": "sigmoid", "topk_method": "noaux_tc",
     },
     "glm4_moe": {
         **_COMMON, "model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"],

@@ -56,10 +56,13 @@ SHAPES = {
 
 # what every shape's config.json holds besides its dimensions, by model_type; no MTP layer
 # (num_nextn_predict_layers, 1 by transformers' default): vLLM serves one only as a draft
-# model and the actor trains none
+# model and the actor trains none. DeepSeek-V3's scoring_func and topk_method, as its own
+# config.json has them: transformers v5 no longer writes them, and vLLM's deepseek_v2.py
+# then routes by softmax without the expert bias
 _FIXED = {
     "qwen3_moe": dict(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True),
-    "deepseek_v3": dict(hidden_act="silu", num_nextn_predict_layers=0),
+    "deepseek_v3": dict(hidden_act="silu", num_nextn_predict_layers=0, scoring_func="sigmoid",
+                        topk_method="noaux_tc"),
     "glm4_moe": dict(hidden_act="silu", num_nextn_predict_layers=0),
 }
 
