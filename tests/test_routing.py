@@ -11,6 +11,7 @@ from runtime.megatron.routing import (
     ReplayLayout,
     batch_routes,
     local_routes,
+    moe_layer_routes,
     packed_routes,
     per_layer,
     sample_routes,
@@ -139,3 +140,22 @@ def test_a_packed_row_is_its_samples_one_after_another_then_padding():
         packed_routes(routed, [4, 3], 8, 2, ReplayLayout(cp=2, pad_multiple=4))
     with pytest.raises(ValueError, match="does not split"):
         packed_routes(routed, [4, 3], 7, 2, ReplayLayout(tp=2, sequence_parallel=True))
+
+
+def test_vllms_column_per_decoder_layer_keeps_the_moe_layers_for_megatron():
+    # DeepSeek-V3 / GLM-4.5 with first_k_dense_replace = 1: vLLM's capturer holds a column per
+    # decoder layer (num_hidden_layers wide), the dense layer 0's left at 0; megatron-core's
+    # routers are the two MoE layers'
+    moe_layers = (False, True, True)
+    routed = token_routes(5, layers=3)
+    routed[:, 0, :] = 0
+    with pytest.raises(ValueError, match="expected"):
+        batch_routes([routed], [5], 6, 2, ReplayLayout())
+    kept = moe_layer_routes(routed, moe_layers)
+    assert kept.shape == (4, 2, 2) and np.array_equal(kept, routed[:, 1:, :])
+    routes, known = batch_routes([kept], [5], 6, 2, ReplayLayout())
+    first, second = per_layer(routes)  # decoder layers 1 and 2, tokens 0..3 as vLLM routed
+    assert first[:4].tolist() == [[10, 11], [1010, 1011], [2010, 2011], [3010, 3011]]
+    assert second[:4, 0].tolist() == [20, 1020, 2020, 3020] and known[:4].all()
+    # routes with a column per MoE layer (Qwen3-MoE, every layer MoE) are kept as they are
+    assert moe_layer_routes(kept, (True, True)) is kept

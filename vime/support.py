@@ -1,19 +1,21 @@
 """What vime's runtime can run, as plain data: the support matrix that V102 checks a model's
 config.json against at compile time.
 
-The Megatron backend (runtime/megatron/model.py) builds Qwen3 blocks only: RMSNorm, rotary
+The Megatron backend (runtime/megatron/model.py) builds Qwen3 blocks: RMSNorm, rotary
 embeddings without scaling over every position, full causal attention in every layer with
 q/k RMSNorm and no bias, a SwiGLU MLP, and for MoE layers softmax-top-k experts without a
 shared expert; the HF <-> Megatron mapping (runtime/megatron/mapping.py) and the weight push
-to vLLM know those tensor names alone. vLLM itself serves far more architectures, but the
-actor could not train them nor give it their weights.
+to vLLM know those tensor names. vLLM itself serves far more architectures, but the actor
+could not train them nor give it their weights.
 
-The planner reads two more families in full (vime/resolve/model.py): DeepSeek-V3
-(`deepseek_v3`, `kimi_k2`; Moonlight is one) and GLM-4.5 (`glm4_moe`: GLM-4.5, 4.6, 4.7 and
-their Air variants). The Megatron backend builds them and its mapping and convert carry their
-weights (checked on the CPU against transformers), but no RL run has been made with them on
-a GPU: their plans are marked planning only, and V102 names what is left besides (YaRN, MLA
-without a query latent on the local spec, group scores megatron-core computes otherwise).
+It also runs two more families, read in full by the planner (vime/resolve/model.py):
+DeepSeek-V3 (`deepseek_v3`, `kimi_k2`) and GLM-4.5 (`glm4_moe`: GLM-4.5, 4.6, 4.7 and their Air
+variants). The Megatron backend builds them, its mapping and convert carry their weights
+(checked on the CPU against transformers), the weight push gives vLLM's DeepseekV3ForCausalLM
+and Glm4MoeForCausalLM the names their load_weights reads (tests/live/test_vllm_families.py),
+and routing replay reads vLLM's routes of their MoE layers only. V102 names what is left of
+them: YaRN and other scaled rotary embeddings (DeepSeek-V3/R1, Kimi-K2), MLA without a query
+latent on the local spec (Moonlight), group scores megatron-core computes otherwise.
 """
 
 from __future__ import annotations
@@ -21,22 +23,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # config.json model_type -> its transformers class (config.json "architectures")
-MODEL_TYPES: dict[str, str] = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+MODEL_TYPES: dict[str, str] = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                               "deepseek_v3": "DeepseekV3ForCausalLM",
+                               "kimi_k2": "DeepseekV3ForCausalLM",
+                               "glm4_moe": "Glm4MoeForCausalLM"}
 
-# config.json model_type -> its class, for the families the planner reads but the runtime
-# does not run (planning only)
-PLANNED_TYPES: dict[str, str] = {"deepseek_v3": "DeepseekV3ForCausalLM",
-                                 "kimi_k2": "DeepseekV3ForCausalLM",
-                                 "glm4_moe": "Glm4MoeForCausalLM"}
+# the DeepSeek-V3 and GLM-4.5 families: MLA, shared experts, sigmoid routing, QKV bias and
+# partial rotary are theirs to have (runtime/megatron/model.py builds them)
+FAMILY_TYPES = frozenset({"deepseek_v3", "kimi_k2", "glm4_moe"})
 
 SUPPORTED = (
     "Qwen3 dense (model_type \"qwen3\", Qwen3ForCausalLM) and Qwen3-MoE (\"qwen3_moe\", "
     "Qwen3MoeForCausalLM): full attention with q/k norm and no QKV bias in every layer, "
     "SiLU, rotary embeddings without scaling, tied or untied embeddings, MoE layers by "
-    "decoder_sparse_step and mlp_only_layers, no shared expert. Planned, and built and "
-    "checked on the CPU, not yet run: DeepSeek-V3 (\"deepseek_v3\", \"kimi_k2\": Moonlight, "
-    "DeepSeek-V3/R1, Kimi-K2) and GLM-4.5 (\"glm4_moe\": GLM-4.5, 4.6, 4.7, Air); their MTP "
-    "layers (num_nextn_predict_layers) are neither counted nor trained")
+    "decoder_sparse_step and mlp_only_layers, no shared expert; DeepSeek-V3 (\"deepseek_v3\", "
+    "\"kimi_k2\", DeepseekV3ForCausalLM) with a query latent (q_lora_rank) and rotary "
+    "embeddings without scaling, and GLM-4.5 (\"glm4_moe\", Glm4MoeForCausalLM: GLM-4.5, 4.6, "
+    "4.7, Air): shared experts, dense first layers, sigmoid routing with the expert bias, "
+    "groups scored by their best 2 experts, renormalised weights, QKV bias, partial rotary; "
+    "their MTP layers (num_nextn_predict_layers) are neither counted nor trained")
 
 
 @dataclass(frozen=True)
@@ -61,14 +66,14 @@ def unsupported(config: dict) -> list[Unsupported]:
     empty for the Qwen3 and Qwen3-MoE checkpoints."""
     found: list[Unsupported] = []
     model_type = config.get("model_type")
-    planned = model_type in PLANNED_TYPES
-    if model_type is not None and model_type not in MODEL_TYPES and not planned:
+    family = model_type in FAMILY_TYPES
+    if model_type is not None and model_type not in MODEL_TYPES:
         found.append(Unsupported("model_type", model_type,
                                  f"the {model_type} architecture"))
     found += _moe_family_features(config)
     architectures = config.get("architectures")
     if isinstance(architectures, list):
-        known = {*MODEL_TYPES.values(), *PLANNED_TYPES.values()}
+        known = set(MODEL_TYPES.values())
         foreign = [a for a in architectures if a not in known]
         if foreign and not found:
             found.append(Unsupported("architectures", architectures,
@@ -92,15 +97,17 @@ def unsupported(config: dict) -> list[Unsupported]:
             break
     if config.get("use_sliding_window") is True:
         found.append(Unsupported("use_sliding_window", True, "sliding-window attention"))
-    if config.get("attention_bias") is True and not planned:  # GLM-4.5's is built
+    if config.get("attention_bias") is True and not family:  # GLM-4.5's is built
         found.append(Unsupported("attention_bias", True, "QKV bias"))
     rope = _rope_type(config)
     if rope is not None:
         found.append(Unsupported(rope, config[rope.split(".")[0]],
                                  "scaled rotary embeddings (YaRN, linear, dynamic, mrope)"))
     partial = config.get("partial_rotary_factor")
+    if partial is None and isinstance(config.get("rope_parameters"), dict):  # transformers v5
+        partial = config["rope_parameters"].get("partial_rotary_factor")
     if (isinstance(partial, int | float) and not isinstance(partial, bool) and partial != 1
-            and not planned):
+            and not family):
         found.append(Unsupported("partial_rotary_factor", partial,
                                  "rotary embeddings over part of each head"))
     act = config.get("hidden_act")
@@ -130,11 +137,14 @@ def _moe_family_features(config: dict) -> list[Unsupported]:
     routing picking half of top_k's groups, scaled routing weights, QKV bias, q/k norms,
     partial rotary, dense first layers."""
     found: list[Unsupported] = []
-    if config.get("model_type") in PLANNED_TYPES:
-        found.append(Unsupported("model_type", config["model_type"],
-                                 f"the {config['model_type']} architecture in the RL loop (its "
-                                 "Megatron model, mapping, convert and R3 are checked on the "
-                                 "CPU; no GPU run yet)"))
+    if config.get("model_type") in ("deepseek_v3", "kimi_k2"):
+        # vLLM's deepseek_v2.py reads getattr(config, "scoring_func", "softmax") and builds
+        # the expert bias only for topk_method "noaux_tc"; transformers (v5 writes neither
+        # key) and the Megatron actor route by sigmoid with the bias
+        for key, value in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+            if key not in config:
+                found.append(Unsupported(key, None, f"a config.json without {key} = "
+                                         f"{value!r} (vLLM then serves another router)"))
     if _number(config, "kv_lora_rank") and not _number(config, "q_lora_rank"):
         # megatron-core's local spec builds that projection only norm-fused, from Transformer
         # Engine (megatron/core/transformer/mla_qk_norm_config.py)
@@ -148,7 +158,7 @@ def _moe_family_features(config: dict) -> list[Unsupported]:
         found.append(Unsupported("topk_group", group_topk,
                                  f"group-limited routing scoring each group by "
                                  f"{topk // group_topk} experts (megatron-core) instead of 2"))
-    if config.get("scoring_func", "sigmoid" if config.get("model_type") in PLANNED_TYPES
+    if config.get("scoring_func", "sigmoid" if config.get("model_type") in FAMILY_TYPES
                   else "softmax") == "sigmoid" and config.get("norm_topk_prob") is False:
         found.append(Unsupported("norm_topk_prob", False, "sigmoid routing weights not "
                                  "renormalised (megatron-core renormalises them)"))

@@ -15,7 +15,9 @@ experts (--enable-return-routed-experts, routed experts only) that Megatron's ro
 The shapes are small but keep each family's features: MLA with a query latent, 2 shared
 experts, 8 groups of 4 routed experts (2 groups a token, as DeepSeek-V3 picks 4 of 8 for top-8: megatron-core sums top_k ÷ topk_group scores a group, transformers and vLLM 2) with the expert bias, dense first layer (DeepSeek-V3);
 QKV bias, q/k norm, half rotary, 1 shared expert (GLM-4.5). Heads of 128 (qk 192, v 128 for
-MLA) so that vLLM's GPU attention kernels take them.
+MLA) and MLA's latent of 512 (cache rows of 512 + 64, FlashMLA's only size) so that vLLM's
+GPU attention kernels take them. With --vllm the prompt's ids are those of the toy task's
+tokenizer saved beside the model (vLLM 0.26 generates only with a tokenizer).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 
 import torch
 
+from benchmarks.gpu.tiny_moe import shape_and_tokenizer
 from runtime.megatron.mapping import hf_to_megatron, megatron_to_hf, unfuse_experts
 from runtime.megatron.model import build_gpt, transformer_config
+from runtime.megatron.routing import moe_layer_routes
 from vime.resolve.model import arch_from_config
 
 _COMMON = {
@@ -42,9 +47,11 @@ FAMILIES = {
     "deepseek_v3": {
         **_COMMON, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
         "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 512,
-        "kv_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
         "v_head_dim": 128, "n_routed_experts": 32, "n_shared_experts": 2, "n_group": 8,
         "topk_group": 2, "routed_scaling_factor": 2.5,
+        # as DeepSeek-V3's config.json: vLLM routes by softmax without the bias without them
+        "scoring_func": "sigmoid", "topk_method": "noaux_tc",
     },
     "glm4_moe": {
         **_COMMON, "model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"],
@@ -63,7 +70,8 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 def save_family(name: str, folder: str, dtype: torch.dtype):
     """transformers' model of the family, saved as the hub would hold it (the expert bias
-    in fp32, drawn ~N(0, 0.1) so that it moves the routing); the model, on the CPU."""
+    in fp32, drawn ~N(0, 0.1) so that it moves the routing), with the toy task's tokenizer
+    beside it for vLLM; the model, on the CPU."""
     import transformers
 
     config = FAMILIES[name]
@@ -76,6 +84,7 @@ def save_family(name: str, folder: str, dtype: torch.dtype):
         if key.endswith("e_score_correction_bias"):
             buffer.data = torch.randn(buffer.shape) * 0.1
     model.save_pretrained(folder)
+    shape_and_tokenizer("tiny")[1].save_pretrained(folder)
     return model.eval()
 
 
@@ -93,20 +102,48 @@ def megatron_routes(model, ids, positions):
 
 
 def vllm_side(folder: str, ids: list[int]) -> tuple[list[float], object]:
-    """vLLM's prompt log-probs of `ids` and its routed experts, [tokens - 1, layers, top_k]."""
+    """vLLM's prompt log-probs of `ids` and its routed experts, [tokens, decoder layers, top_k]
+    (a column per decoder layer, a dense layer's left 0), from an engine in a process of its
+    own: this process holds Megatron's NCCL group, which an in-process vLLM would take as its
+    world, and one engine per process leaves no state behind for the next family's."""
+    import subprocess
+    import sys
+
+    request = os.path.join(folder, "vllm_request.json")
+    with open(request, "w") as fh:
+        json.dump({"folder": folder, "ids": ids}, fh)
+    subprocess.run([sys.executable, __file__, "--vllm-child", request], check=True)
+    with open(request + ".out") as fh:
+        answer = json.load(fh)
+    return answer["logprobs"], answer["routed"]
+
+
+def vllm_child(request: str) -> None:
+    """The engine's side of vllm_side: vLLM 0.26 generates only with a tokenizer (the folder
+    has the toy task's, benchmarks/gpu/tiny_moe.py's), and returns routed experts from its V1
+    model runner (runtime/backends/vllm_compat.py)."""
+    from runtime.backends import vllm_compat
+
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER",
+                          "1" if vllm_compat.routed_experts_need_v2_runner() else "0")
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=folder, dtype="bfloat16", enforce_eager=True, max_model_len=4096,
-              gpu_memory_utilization=0.5, enable_return_routed_experts=True, tokenizer=None,
-              skip_tokenizer_init=True)
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    with open(request) as fh:
+        asked = json.load(fh)
+    ids = asked["ids"]
+    llm = LLM(model=asked["folder"], dtype="bfloat16", enforce_eager=True, max_model_len=4096,
+              gpu_memory_utilization=0.5, enable_return_routed_experts=True)
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
     out = llm.generate([{"prompt_token_ids": ids}], params)[0]
     logprobs = [entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], ids[1:],
                                                                  strict=True)]
     routed = getattr(out, "routed_experts", None)
     if routed is None and out.outputs:
         routed = getattr(out.outputs[0], "routed_experts", None)
-    return logprobs, routed
+    with open(request + ".out", "w") as fh:
+        json.dump({"logprobs": logprobs,
+                   "routed": None if routed is None else [[list(map(int, k)) for k in row]
+                                                          for row in routed]}, fh)
 
 
 def main() -> None:
@@ -117,15 +154,17 @@ def main() -> None:
     parser.add_argument("--fp32", action="store_true", help="both models in fp32")
     parser.add_argument("--vllm", action="store_true", help="also vLLM on the saved folder")
     parser.add_argument("--families", nargs="*", default=sorted(FAMILIES))
+    parser.add_argument("--vllm-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.vllm_child:
+        vllm_child(args.vllm_child)
+        return
     import transformers
     from megatron.core import parallel_state
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
     cpu = args.device == "cpu"
     if cpu:
-        import sys
-
         # before cpu_streams replaces torch.cuda.Stream, which their annotations name
         import transformers.models.deepseek_v3.modeling_deepseek_v3  # noqa: F401
         import transformers.models.glm4_moe.modeling_glm4_moe  # noqa: F401
@@ -166,7 +205,9 @@ def main() -> None:
         state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
         back = megatron_to_hf(state, arch)
         torch.manual_seed(7)
-        ids = torch.randint(0, config["vocab_size"], (1, args.tokens), device=args.device)
+        # with --vllm, ids the toy tokenizer has (vLLM refuses a prompt id beyond it)
+        high = len(shape_and_tokenizer("tiny")[1]) if args.vllm else config["vocab_size"]
+        ids = torch.randint(0, high, (1, args.tokens), device=args.device)
         positions = torch.arange(args.tokens, device=args.device).unsqueeze(0)
         with torch.no_grad():
             hf_lp = token_logprobs(hf_model(ids).logits, ids)
@@ -190,11 +231,15 @@ def main() -> None:
             if routed is not None:
                 import numpy as np
 
-                vllm_routes = torch.from_numpy(np.asarray(routed, dtype=np.int64))
+                # vLLM's columns are decoder layers, Megatron's recorded routes MoE layers
+                vllm_routes = torch.from_numpy(moe_layer_routes(
+                    np.asarray(routed, dtype=np.int64), arch.moe_layers))
+                rows = min(len(vllm_routes), len(routes[0]))
                 same = sum(len(set(a.tolist()) & set(b.tolist()))
                            for layer, mine in enumerate(routes)
-                           for a, b in zip(vllm_routes[:, layer], mine[:-1].cpu(), strict=True))
-                family["route_match"] = same / vllm_routes.numel()
+                           for a, b in zip(vllm_routes[:rows, layer], mine[:rows].cpu(),
+                                           strict=True))
+                family["route_match"] = same / vllm_routes[:rows].numel()
         result["families"][name] = family
         print(name, json.dumps(family), flush=True)
     with open(args.out, "w") as fh:

@@ -5,6 +5,11 @@
 #   bash benchmarks/gpu/h200_live.sh grpo      # the toy task, R3 on, then R3 off (each run its
 #                                              # own experiment: checkpoints are per experiment)
 #   bash benchmarks/gpu/h200_live.sh fallback  # the toy task with the collective_rpc fallback
+#   bash benchmarks/gpu/h200_live.sh fam       # the toy task with a tiny DeepSeek-V3, then a
+#                                              # tiny GLM-4.5 (R3 on, 12 rollouts each;
+#                                              # FAMILIES="dsv3 glm" chooses)
+#   bash benchmarks/gpu/h200_live.sh famvllm   # families_hf_vs_megatron.py --vllm: vLLM's
+#                                              # log-probs and routes against Megatron's
 #   bash benchmarks/gpu/h200_live.sh sync      # weight sync of a Qwen3-30B-A3B slice: IPC, fallback
 #   bash benchmarks/gpu/h200_live.sh rollout   # vime's rollout backend vs bare LLM.generate
 #                                              # (SHAPE=tiny SEQS=8 TOKENS=16: a dry run first)
@@ -104,7 +109,7 @@ for name in sys.argv[2:]:
 PY
 }
 
-step=${1:?install, grpo, fallback, sync, rollout, mp, grid, grouped, startup, algorithms, dynamic, tools or kill}
+step=${1:?install, grpo, fallback, fam, famvllm, sync, rollout, mp, grid, grouped, startup, algorithms, dynamic, tools or kill}
 setup || { echo "setup failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case $step in
@@ -119,6 +124,37 @@ case $step in
     grpo grpo-fallback specs/tiny_h200.toml --set rollout.num_rollout=10 \
       --set experiment.name=tiny-h200-fallback \
       --set 'inference.extra_args=["--weight-transfer-config={\"backend\":\"none\"}"]' ;;
+  fam)
+    # each run is its own experiment (checkpoints are per experiment); 12 rollouts of the toy
+    # task fit ~3 minutes with the engine's start (the Qwen3-MoE's 30 took 135 s)
+    for family in ${FAMILIES:-dsv3 glm}; do
+      case $family in
+        dsv3) shape=deepseek-v3-tiny folder=build/tiny-dsv3 ;;
+        glm) shape=glm4-moe-tiny folder=build/tiny-glm4-moe ;;
+        *) echo "unknown family $family"; continue ;;
+      esac
+      python3 benchmarks/gpu/tiny_moe.py "$folder" --shape "$shape" || { echo "$family: no checkpoint"; continue; }
+      grpo "fam-$family" "specs/tiny_h200_$family.toml" --set "experiment.name=tiny-h200-$family-r3" \
+        --set rollout.num_rollout="${ROLLOUTS:-12}"
+      grep -E "vime: (train.transformer_impl|MoE experts)|weights reach|attention backend|Using .*MLA|backend" \
+        "$out/fam-$family.log" | cut -c1-240 | head -8
+      python3 - "$out/fam-$family.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except OSError as error:
+    sys.exit(f"no summary: {error}")
+for key in ("seconds", "rollouts", "reward", "acc", "logprob_abs_diff", "logprob_abs_diff_max",
+            "replayed_route_match", "weight_version", "mean_time_s"):
+    print(f"  {key}: {r.get(key)}")
+PY
+    done ;;
+  famvllm)
+    # one vLLM engine per family, each in a process of its own, eager (no CUDA graphs)
+    timeout -k 5 540 python3 benchmarks/gpu/families_hf_vs_megatron.py --out "$out/families-vllm.json" \
+      --vllm > "$out/families-vllm.log" 2>&1
+    echo "families --vllm: exit $?"
+    grep -E "^(deepseek_v3|glm4_moe) |Error|MLA|attention backend" "$out/families-vllm.log" | cut -c1-600 | tail -12 ;;
   sync)
     python3 benchmarks/gpu/tiny_moe.py build/qwen3-30b-a3b-slice --shape qwen3-30b-a3b --layers "${LAYERS:-4}"
     # the toy spec without its [model.arch] (the tiny shape): vime reads the slice's config.json

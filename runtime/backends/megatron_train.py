@@ -72,7 +72,13 @@ from runtime.megatron.model import (
     cp_slots,
     transformer_config,
 )
-from runtime.megatron.routing import ReplayLayout, batch_routes, packed_routes, per_layer
+from runtime.megatron.routing import (
+    ReplayLayout,
+    batch_routes,
+    moe_layer_routes,
+    packed_routes,
+    per_layer,
+)
 from vime.resolve.model import arch_from_config
 
 # megatron-core's default optimizer layout (dp_reshardable since 0.14; the older
@@ -321,7 +327,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             return
         # the samples padded to `width`, then this rank's chunks of them (cp), its slice (sp)
         layout = ReplayLayout(tp=self.tp, cp=self.cp, sequence_parallel=self.tp > 1)
-        samples = [batch.routed_experts[i] for i in indices]
+        samples = [moe_layer_routes(batch.routed_experts[i], self.arch.moe_layers)
+                   for i in indices]
         lengths = [len(batch.tokens[i]) for i in indices]
         if self.packed:
             routes, routed = packed_routes(samples, lengths, width, self.arch.num_moe_layers,

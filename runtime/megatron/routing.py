@@ -2,7 +2,8 @@
 
 vLLM returns, per sample, `routed_experts` of shape [seq_len - 1, moe_layers, top_k] (logical
 expert ids, uint8 or uint16; shared/reference/vllm.md §5.6): one row per token it fed forward,
-so the last token of the sample has none. megatron-core replays routes through
+so the last token of the sample has none; `moe_layer_routes` keeps the MoE layers' columns
+of a model whose first layers are dense. megatron-core replays routes through
 `RouterReplay.set_replay_data(list of [local_tokens, top_k] tensors, one per MoE layer)`
 (megatron/core/transformer/moe/router_replay.py), where a rank's local tokens are those its
 router sees. Two layouts of the samples:
@@ -50,6 +51,16 @@ def sample_routes(routed: np.ndarray, length: int, moe_layers: int) -> np.ndarra
     if missing:
         routes = np.concatenate([routes, np.repeat(routes[-1:], missing, axis=0)])
     return routes
+
+
+def moe_layer_routes(routed: np.ndarray, moe_layers: Sequence[bool]) -> np.ndarray:
+    """One sample's routes with a column per MoE layer, as megatron-core's routers take them.
+    vLLM's capturer keeps a column per decoder layer (routed_experts_capturer.py sizes its
+    buffer by num_hidden_layers; a dense layer's column stays 0): a model with dense layers
+    (DeepSeek-V3's and GLM-4.5's first_k_dense_replace) gets its dense columns dropped."""
+    if routed.ndim == 3 and routed.shape[1] == len(moe_layers) != sum(moe_layers):
+        return routed[:, np.asarray(moe_layers, dtype=bool), :]
+    return routed
 
 
 def _pad(routes: np.ndarray, multiple: int) -> np.ndarray:

@@ -40,31 +40,30 @@ def _model_key(spec: Spec, key: str) -> str:
 def runtime_runs_the_model(spec: Spec):
     """vime's runtime cannot train or serve this model's architecture.
 
-    The Megatron backend builds Qwen3 blocks (runtime/megatron/model.py: q/k RMSNorm, no
-    bias, full causal attention in every layer, SwiGLU, rotary embeddings without scaling,
-    softmax top-k experts without a shared expert), and the weight mapping to Hugging Face
-    and vLLM names knows those tensors alone. vime's planner reads any config.json as a
-    Qwen3, so another architecture (Qwen2.5-VL, Qwen3-Next's hybrid linear attention,
-    Qwen2's QKV bias, a YaRN rope) would plan, then die after the queue wait on the first
-    tensor the checkpoint lacks, or train a different function than vLLM serves.
+    The Megatron backend (runtime/megatron/model.py) builds Qwen3 blocks and the two MoE
+    families below, and the weight mapping to Hugging Face and vLLM names knows those
+    tensors alone. vime's planner reads any config.json with those keys, so another
+    architecture (Qwen2.5-VL, Qwen3-Next's hybrid linear attention, Qwen2's QKV bias, a
+    YaRN rope) would plan, then die after the queue wait on the first tensor the checkpoint
+    lacks, or train a different function than vLLM serves.
     Supported: Qwen3 dense (model_type "qwen3", Qwen3ForCausalLM) and Qwen3-MoE
     ("qwen3_moe", Qwen3MoeForCausalLM), with tied or untied embeddings and MoE layers placed
-    by decoder_sparse_step and mlp_only_layers. The support matrix is vime/support.py.
-    Planned, and built and checked on the CPU, not yet run: the DeepSeek-V3 family
-    ("deepseek_v3", "kimi_k2": Moonlight, DeepSeek-V3/R1, Kimi-K2) and the GLM-4.5 family
-    ("glm4_moe": GLM-4.5, 4.6, 4.7 and Air). vime reads their config.json in full (routed
-    and shared experts, dense first layers, MLA), so the plan's parameters, memory and EP
-    layout are theirs; the Megatron backend builds MLA, shared experts, sigmoid routing with
-    the expert bias, group-limited routing, QKV bias and partial rotary, and its weights and
-    log-probabilities match transformers' on the CPU, but no RL run has been made with them
-    on a GPU. The message names that, and what is left: YaRN rope scaling, MLA without a
-    query latent (q_lora_rank null) on the local layer spec, group scores that megatron-core
-    sums over top_k ÷ topk_group experts where transformers and vLLM take 2, sigmoid weights
-    not renormalised. Their MTP layers (num_nextn_predict_layers) are neither counted nor
-    trained.
+    by decoder_sparse_step and mlp_only_layers; the DeepSeek-V3 family ("deepseek_v3",
+    "kimi_k2", DeepseekV3ForCausalLM) and the GLM-4.5 family ("glm4_moe": GLM-4.5, 4.6, 4.7
+    and Air): routed and shared experts, dense first layers, MLA with a query latent,
+    sigmoid routing with the expert bias, group-limited routing, QKV bias and partial
+    rotary, trained by the Megatron backend, served by vLLM with the weights it pushes,
+    routes replayed over their MoE layers. Not run, each named in the message: YaRN and
+    other scaled rotary embeddings (DeepSeek-V3/R1, Kimi-K2: megatron-core's MLA would need
+    its YaRN rotary, which the Megatron backend does not build), MLA without a query latent
+    (q_lora_rank null, Moonlight) on the local layer spec (megatron-core builds that
+    projection only norm-fused, from Transformer Engine), group scores that megatron-core
+    sums over top_k ÷ topk_group experts where transformers and vLLM take 2, sigmoid
+    weights not renormalised. Their MTP layers (num_nextn_predict_layers) are neither
+    counted nor trained.
     `vime plan` still shows the layout of such a spec, marked as planning only, so its
     GPUs and memory can be studied; `vime compile` and `vime submit` refuse it.
-    Fix: a Qwen3 or Qwen3-MoE checkpoint, or remove the [model.arch] key named."""
+    Fix: a checkpoint of a supported architecture, or remove the [model.arch] key named."""
     found = unsupported_features(spec)
     if not found:
         return
@@ -80,9 +79,10 @@ def runtime_runs_the_model(spec: Spec):
 def _config_value(config: dict, key: str):
     if key in config:
         return True, config[key]
-    if key == "rope_theta" and isinstance(config.get("rope_parameters"), dict) \
-            and "rope_theta" in config["rope_parameters"]:  # transformers v5
-        return True, config["rope_parameters"]["rope_theta"]
+    if key in ("rope_theta", "partial_rotary_factor") \
+            and isinstance(config.get("rope_parameters"), dict) \
+            and key in config["rope_parameters"]:  # transformers v5
+        return True, config["rope_parameters"][key]
     return False, None
 
 

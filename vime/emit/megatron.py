@@ -14,6 +14,37 @@ def _num(value: float) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def _family_args(arch) -> list[list[str]]:
+    """What a DeepSeek-V3 or GLM-4.5 layer has beyond Qwen3's, as the Megatron backend builds
+    it (runtime/megatron/model.py's _family_args): MLA's widths, QKV bias, shared experts,
+    the expert bias kept as trained, group-limited routing and scaled routing weights; none
+    for a Qwen3 / Qwen3-MoE."""
+    args: list[list[str]] = []
+    if arch.is_mla:
+        args.append(["--multi-latent-attention"])
+        if arch.q_lora_rank:
+            args.append(["--q-lora-rank", str(arch.q_lora_rank)])
+        args += [["--kv-lora-rank", str(arch.kv_lora_rank)],
+                 ["--qk-head-dim", str(arch.qk_nope_head_dim)],
+                 ["--qk-pos-emb-head-dim", str(arch.qk_rope_head_dim)],
+                 ["--v-head-dim", str(arch.v_head_dim)]]
+    if arch.qkv_bias:
+        args.append(["--add-qkv-bias"])
+    if not arch.is_moe:
+        return args
+    if arch.shared_expert_ffn_hidden_size:
+        args.append(["--moe-shared-expert-intermediate-size",
+                     str(arch.shared_expert_ffn_hidden_size)])
+    if arch.expert_bias:
+        args += [["--moe-router-enable-expert-bias"], ["--moe-router-bias-update-rate", "0.0"]]
+    if arch.num_groups > 1:
+        args += [["--moe-router-num-groups", str(arch.num_groups)],
+                 ["--moe-router-group-topk", str(arch.group_topk)]]
+    if arch.routed_scaling_factor != 1.0:
+        args.append(["--moe-router-topk-scaling-factor", _num(arch.routed_scaling_factor)])
+    return args
+
+
 def megatron_args(plan: Plan) -> list[list[str]]:
     """One inner list per flag with its values; flattened, it is the argv."""
     spec, arch = plan.spec, plan.spec.arch
@@ -42,11 +73,13 @@ def megatron_args(plan: Plan) -> list[list[str]]:
         ["--norm-epsilon", _num(arch.rms_norm_eps)],
         ["--position-embedding-type", "rope"],
         ["--rotary-base", str(int(arch.rope_theta))],
-        ["--rotary-percent", "1.0"],
+        ["--rotary-percent", _num(float(arch.partial_rotary_factor))],
         ["--swiglu"],
         ["--disable-bias-linear"],
-        ["--qk-layernorm"],
     ]
+    if arch.qk_norm or arch.is_mla:  # MLA's query and key-value latent norms are its qk norms
+        args.append(["--qk-layernorm"])
+    args += _family_args(arch)
     if not arch.tie_word_embeddings:
         args.append(["--untie-embeddings-and-output-weights"])
     if arch.is_moe:
@@ -57,7 +90,7 @@ def megatron_args(plan: Plan) -> list[list[str]]:
             ["--moe-ffn-hidden-size", str(arch.moe_ffn_hidden_size)],
             ["--moe-router-topk", str(arch.topk)],
             ["--moe-layer-freq", freq],
-            ["--moe-router-score-function", "softmax"],
+            ["--moe-router-score-function", arch.score_function],
             ["--moe-token-dispatcher-type", "alltoall"],
             ["--moe-router-dtype", "fp32"],
             ["--moe-aux-loss-coeff", "0"],

@@ -24,9 +24,17 @@ def _plain(value):
     return value
 
 
+# the model types read with DeepSeek-V3's and GLM-4.5's keys (vime/resolve/model.py)
+_FAMILY_TYPES = ("deepseek_v3", "kimi_k2", "glm4_moe")
+
+
 def arch_as_config(spec: Spec) -> dict:
-    """The resolved architecture in HF config.json keys (what [model.arch] accepts)."""
+    """The resolved architecture in HF config.json keys (what [model.arch] accepts), which
+    vime/resolve/model.py's arch_from_config reads back to the same Arch: the runtime builds
+    the actor from resolved.toml's [model.arch] (runtime/core/slices.py)."""
     arch = spec.arch
+    if arch.model_type in _FAMILY_TYPES:
+        return _family_config(arch)
     config = {
         "model_type": arch.model_type, "num_hidden_layers": arch.num_layers,
         "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_attention_heads,
@@ -43,6 +51,43 @@ def arch_as_config(spec: Spec) -> dict:
             "mlp_only_layers": [i for i, moe in enumerate(arch.moe_layers) if not moe],
             "norm_topk_prob": arch.norm_topk_prob,
         })
+    return config
+
+
+def _family_config(arch) -> dict:
+    """A DeepSeek-V3 or GLM-4.5 architecture in its own config.json keys: routed and shared
+    experts, dense first layers, group-limited sigmoid routing, and MLA's latent widths or
+    GLM's QKV bias, q/k norm and partial rotary. An MLA model's head_dim is left out (its
+    config.json writes qk_rope_head_dim there, which the Arch does not keep)."""
+    config = {
+        "model_type": arch.model_type, "num_hidden_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_kv_heads, "vocab_size": arch.vocab_size,
+        "intermediate_size": arch.ffn_hidden_size,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+        "max_position_embeddings": arch.max_position_embeddings,
+        "rope_theta": arch.rope_theta, "rms_norm_eps": arch.rms_norm_eps,
+        "num_nextn_predict_layers": arch.mtp_layers,
+    }
+    if arch.is_mla:
+        config.update({"q_lora_rank": arch.q_lora_rank, "kv_lora_rank": arch.kv_lora_rank,
+                       "qk_nope_head_dim": arch.qk_nope_head_dim,
+                       "qk_rope_head_dim": arch.qk_rope_head_dim,
+                       "v_head_dim": arch.v_head_dim})
+    else:
+        config.update({"head_dim": arch.head_dim, "attention_bias": arch.qkv_bias,
+                       "use_qk_norm": arch.qk_norm,
+                       "partial_rotary_factor": arch.partial_rotary_factor})
+    dense_first = next((i for i, moe in enumerate(arch.moe_layers) if moe), arch.num_layers)
+    config.update({"n_routed_experts": arch.num_experts, "first_k_dense_replace": dense_first})
+    if arch.num_experts:
+        config.update({
+            "num_experts_per_tok": arch.topk, "moe_intermediate_size": arch.moe_ffn_hidden_size,
+            "n_shared_experts": arch.shared_expert_ffn_hidden_size // arch.moe_ffn_hidden_size,
+            "n_group": arch.num_groups, "topk_group": arch.group_topk,
+            "routed_scaling_factor": arch.routed_scaling_factor,
+            "scoring_func": arch.score_function, "norm_topk_prob": arch.norm_topk_prob,
+            "topk_method": "noaux_tc" if arch.expert_bias else "greedy"})
     return config
 
 

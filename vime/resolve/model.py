@@ -292,7 +292,9 @@ def arch_from_config(config: dict) -> Arch:
     moe_ffn = (_int(config, "moe_intermediate_size", _int(config, "intermediate_size", 4 * hidden))
                if experts else 0)
     shared = _optional_int(config, "n_shared_experts") if experts else 0
-    partial = config.get("partial_rotary_factor", 1.0)
+    partial = config.get("partial_rotary_factor")
+    if partial is None:  # transformers v5 writes it under rope_parameters (GLM-4.5's 0.5)
+        partial = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
     if isinstance(partial, bool) or not isinstance(partial, int | float) or not 0 < partial <= 1:
         raise ArchError("partial_rotary_factor",
                         f"config.json 'partial_rotary_factor' is {partial!r}, expected a number in (0, 1]")
@@ -329,7 +331,8 @@ def arch_from_config(config: dict) -> Arch:
         qk_rope_head_dim=qk_rope,
         v_head_dim=_optional_int(config, "v_head_dim") if kv_lora else 0,
         qkv_bias=bool(config.get("attention_bias", False)) and not kv_lora,
-        qk_norm=bool(config.get("use_qk_norm", True)) and not kv_lora,
+        # Qwen3 always has q/k norms; transformers' Glm4MoeConfig defaults use_qk_norm to false
+        qk_norm=bool(config.get("use_qk_norm", model_type != "glm4_moe")) and not kv_lora,
         partial_rotary_factor=float(partial),
         shared_expert_ffn_hidden_size=shared * moe_ffn,
         score_function=str(scoring),
