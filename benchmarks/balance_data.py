@@ -64,7 +64,7 @@ def main() -> None:
                          "balanced_mean": round(statistics.mean(balanced), 4),
                          "balanced_max": round(max(balanced), 4),
                          "step_speedup": round(statistics.mean(c / b for c, b in
-                                                               zip(contiguous, balanced)), 3)})
+                                                               zip(contiguous, balanced, strict=True)), 3)})
     print("| batch | dp | busiest / mean, contiguous (mean, p90) | balanced (mean, worst) | "
           "step time, contiguous / balanced |")
     print("|---|---:|---|---|---:|")
