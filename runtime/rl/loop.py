@@ -64,6 +64,22 @@ def logprob_gap(actor: list[list[float]], engine: list[list[float]],
             "rollout/logprob_abs_diff_max": max(diffs)}
 
 
+@dataclass(frozen=True)
+class Scored:
+    """A rollout's kept samples after the reward: per sample in batch order, its request,
+    generation, prompt, score and advantage (loss_mask: per response token, rollout functions
+    only); extras: the reward's other numbers over every generated group."""
+
+    groups: list[Group]
+    requests: list[GenerationRequest]
+    generations: list
+    prompts: list
+    scores: list[float]
+    extras: dict[str, list[float]]
+    loss_mask: list[list[int]] | None
+    advantages: list[float]
+
+
 @dataclass
 class Timer:
     seconds: dict[str, float] = field(default_factory=dict)
@@ -282,73 +298,100 @@ class GRPOLoop:
                 (runtime/workers/supervisor.py).
         """
         config, timer = self.config, Timer()
-        n = config.samples_per_prompt
         numbers: dict[str, float] = {"weight_version": self.version}
         if self.evaluator.due(rollout_id, config.num_rollout):
             numbers.update(self.evaluator.run(self.rollout, rollout_id))
         refill = self.sample_groups(rollout_id, timer)
-        groups = refill.batch()
-        requests = [r for g in groups for r in g.requests]
-        generations = [x for g in groups for x in g.generations]
-        sample_prompts = [g.prompt for g in groups for _ in g.generations]
-        every = refill.kept + refill.filtered  # all generated groups, for the reward curve
         if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.sleep(2)
                 self.train.onload()
             numbers["memory/engine_bytes_while_training"] = self.rollout.resident_bytes()
-
         with timer.phase("reward"):
-            scores = [s for g in groups for s in g.scores]
-            extras: dict[str, list[float]] = {}
-            for group in every:
-                for key, values in group.extras.items():
-                    extras.setdefault(key, []).extend(values)
-            loss_mask = ([g.loss_mask or [1] * len(g.token_ids) for g in generations]
-                         if self.custom is not None else None)
-            advantages = algorithm.advantages(
-                torch.tensor(scores), n, config.loss.advantage_estimator,
-                config.std_normalization,
-                [sum(m) for m in loss_mask] if loss_mask
-                else [len(g.token_ids) for g in generations]).tolist()
-            if config.sampling.overlong == "mask":
-                advantages = mask_overlong(advantages, generations)
-
-        batch = TrainBatch(
-            tokens=[list(r.prompt_ids) + g.token_ids for r, g in zip(requests, generations,
-                                                                     strict=True)],
-            prompt_lens=[len(r.prompt_ids) for r in requests], advantages=advantages,
-            rollout_log_probs=[g.log_probs for g in generations],
-            routed_experts=([g.routed_experts for g in generations]
-                            if self.params.return_routed_experts else None),
-            loss_mask=loss_mask)
+            scored = self._score(refill)
+        batch = self._batch(scored)
         with timer.phase("log_probs"):
-            batch.old_log_probs = self.train.log_probs(batch, "actor")
-            if config.needs_ref:
-                batch.ref_log_probs = self.train.log_probs(batch, "ref")
-        guards.check_batch(rollout_id, batch.advantages,
-                           {"actor": batch.old_log_probs, "reference": batch.ref_log_probs},
-                           lambda i: self.describe_sample(rollout_id, sample_prompts[i], i).describe())
-        numbers.update(logprob_gap(batch.old_log_probs, batch.rollout_log_probs, loss_mask))
-        if numbers["rollout/logprob_abs_diff"] > MAX_LOGPROB_GAP:
+            self._old_log_probs(rollout_id, batch, scored)
+        numbers.update(self._logprob_gap(rollout_id, batch))
+        with timer.phase("train"):
+            step_stats = self._train_steps(batch)
+        guards.check_train(rollout_id, step_stats)
+        self._save_when_due(rollout_id, timer)
+        numbers.update(self._push(timer))
+        numbers.update(self._numbers(refill, scored, step_stats, batch, timer))
+        return numbers
+
+    def _score(self, refill: Refill) -> Scored:
+        """The kept groups' samples in order, their advantages, loss masks (rollout functions)
+        and the reward function's extra numbers over every generated group."""
+        config = self.config
+        groups = refill.batch()
+        generations = [x for g in groups for x in g.generations]
+        scores = [s for g in groups for s in g.scores]
+        extras: dict[str, list[float]] = {}
+        for group in refill.kept + refill.filtered:
+            for key, values in group.extras.items():
+                extras.setdefault(key, []).extend(values)
+        loss_mask = ([g.loss_mask or [1] * len(g.token_ids) for g in generations]
+                     if self.custom is not None else None)
+        advantages = algorithm.advantages(
+            torch.tensor(scores), config.samples_per_prompt, config.loss.advantage_estimator,
+            config.std_normalization,
+            [sum(m) for m in loss_mask] if loss_mask
+            else [len(g.token_ids) for g in generations]).tolist()
+        if config.sampling.overlong == "mask":
+            advantages = mask_overlong(advantages, generations)
+        return Scored(groups=groups, requests=[r for g in groups for r in g.requests],
+                      generations=generations,
+                      prompts=[g.prompt for g in groups for _ in g.generations],
+                      scores=scores, extras=extras, loss_mask=loss_mask, advantages=advantages)
+
+    def _batch(self, scored: Scored) -> TrainBatch:
+        return TrainBatch(
+            tokens=[list(r.prompt_ids) + g.token_ids
+                    for r, g in zip(scored.requests, scored.generations, strict=True)],
+            prompt_lens=[len(r.prompt_ids) for r in scored.requests],
+            advantages=scored.advantages,
+            rollout_log_probs=[g.log_probs for g in scored.generations],
+            routed_experts=([g.routed_experts for g in scored.generations]
+                            if self.params.return_routed_experts else None),
+            loss_mask=scored.loss_mask)
+
+    def _old_log_probs(self, rollout_id: int, batch: TrainBatch, scored: Scored) -> None:
+        """The actor's (and the reference's) log-probs into `batch`, checked finite."""
+        batch.old_log_probs = self.train.log_probs(batch, "actor")
+        if self.config.needs_ref:
+            batch.ref_log_probs = self.train.log_probs(batch, "ref")
+        guards.check_batch(
+            rollout_id, batch.advantages,
+            {"actor": batch.old_log_probs, "reference": batch.ref_log_probs},
+            lambda i: self.describe_sample(rollout_id, scored.prompts[i], i).describe())
+
+    def _logprob_gap(self, rollout_id: int, batch: TrainBatch) -> dict[str, float]:
+        """The engine's log-probs against the actor's on the same weights; a gap past
+        MAX_LOGPROB_GAP is logged, the run goes on."""
+        gap = logprob_gap(batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask)
+        if gap["rollout/logprob_abs_diff"] > MAX_LOGPROB_GAP:
             self.log(f"vime: rollout {rollout_id}: the engine's log-probs differ from the "
-                     f"actor's by {numbers['rollout/logprob_abs_diff']:.3f} per token on the "
+                     f"actor's by {gap['rollout/logprob_abs_diff']:.3f} per token on the "
                      f"same weights (version {self.version}); more than {MAX_LOGPROB_GAP} "
                      "means the engine does not generate with the weights it was sent")
+        return gap
 
-        with timer.phase("train"):
-            step_stats = []
-            size = config.global_batch_size
-            for step in range(config.steps_per_rollout):
-                step_batch = batch.select(range(step * size, (step + 1) * size))
-                step_batch.step_response_tokens = sum(step_batch.trained_tokens())
-                step_batch.step_samples = len(step_batch)
-                step_stats.append(self.train.train_step(step_batch))
-        trained_tokens = sum(len(t) for t in batch.tokens[:config.steps_per_rollout * size])
-        guards.check_train(rollout_id, step_stats)
+    def _train_steps(self, batch: TrainBatch) -> list[dict]:
+        """steps_per_rollout optimizer steps of global_batch_size samples, in order."""
+        size = self.config.global_batch_size
+        stats = []
+        for step in range(self.config.steps_per_rollout):
+            step_batch = batch.select(range(step * size, (step + 1) * size))
+            step_batch.step_response_tokens = sum(step_batch.trained_tokens())
+            step_batch.step_samples = len(step_batch)
+            stats.append(self.train.train_step(step_batch))
+        return stats
 
-        due = (rollout_id + 1) % config.save_interval == 0 or rollout_id + 1 == config.num_rollout
-        if due:
+    def _save_when_due(self, rollout_id: int, timer: Timer) -> None:
+        config = self.config
+        if (rollout_id + 1) % config.save_interval == 0 or rollout_id + 1 == config.num_rollout:
             with timer.phase("save"):
                 self.pending_save = self.checkpoints.prepare(rollout_id, self.train, {
                     "next_rollout": rollout_id + 1, "weight_version": self.version + 1,
@@ -358,6 +401,10 @@ class GRPOLoop:
                 self.checkpoints.save_hf(rollout_id, self.train, config.model.hf_checkpoint,
                                          self.tokenizer)
 
+    def _push(self, timer: Timer) -> dict[str, float]:
+        """Weights version + 1 to the engines (the actor offloaded first when they take
+        turns); the sync's bytes and export seconds, and the offload's numbers."""
+        config, numbers = self.config, {}
         if config.takes_turns:
             with timer.phase("offload"):
                 self.train.offload()
@@ -373,34 +420,43 @@ class GRPOLoop:
         if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.wake(["kv_cache"])
+        return numbers
 
+    def _numbers(self, refill: Refill, scored: Scored, step_stats: list[dict],
+                 batch: TrainBatch, timer: Timer) -> dict[str, float]:
+        """The rollout's metrics: rewards, lengths, sampling, training, throughput, times."""
+        config = self.config
+        every = refill.kept + refill.filtered  # all generated groups, for the reward curve
+        generations = scored.generations
         response_lens = [len(g.token_ids) for g in generations]
         generated = [r for g in every for r in g.rewards]
-        numbers.update({
+        numbers = {
             # every generated sample, kept or filtered: the policy's reward, comparable with
             # and without dynamic sampling
             "reward/mean": statistics.fmean(generated),
             "reward/std": statistics.pstdev(generated),
-            "reward/trained_mean": statistics.fmean(scores),
-            **{f"reward/{k}": statistics.fmean(v) for k, v in extras.items()},
+            "reward/trained_mean": statistics.fmean(scored.scores),
+            **{f"reward/{k}": statistics.fmean(v) for k, v in scored.extras.items()},
             "response_len/mean": statistics.fmean(response_lens),
             "response_len/max": max(response_lens),
             "response_len/truncated": statistics.fmean(
                 g.finish_reason == "length" for g in generations),
             "samples": len(generations), "data/epoch": self.sampler.epoch,
-        })
+        }
         if self.custom is not None:
             # the share of after-prompt tokens that came from tools (context, not trained)
-            numbers["rollout/masked_token_share"] = 1.0 - sum(map(sum, loss_mask)) / max(
+            numbers["rollout/masked_token_share"] = 1.0 - sum(map(sum, scored.loss_mask)) / max(
                 sum(response_lens), 1)
             numbers["rollout/turns_mean"] = statistics.fmean(self.turns)
         numbers.update(self.rollout.rollout_numbers())
         numbers.update(refill.numbers())
         if config.sampling.overlong == "penalty":
             numbers["reward/overlong_penalty"] = statistics.fmean(
-                s - r for g in groups for s, r in zip(g.scores, g.rewards, strict=True))
+                s - r for g in scored.groups for s, r in zip(g.scores, g.rewards, strict=True))
         numbers.update(_train_numbers(step_stats, config.needs_ref))
         generated_tokens = sum(len(x.token_ids) for g in every for x in g.generations)
+        trained_tokens = sum(len(t) for t in
+                             batch.tokens[:config.steps_per_rollout * config.global_batch_size])
         numbers["throughput/generate_tokens_per_s"] = generated_tokens / max(
             timer.seconds["generate"], 1e-9)
         numbers["throughput/train_tokens_per_s"] = trained_tokens / max(timer.seconds["train"],
