@@ -27,12 +27,29 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from runtime.core.interfaces import Generation, GenerationRequest, SamplingParams
 from runtime.rl import rewards
+
+
+def _run_leaving_tool_threads(coroutine):
+    """asyncio.run, except that the threads of asyncio.to_thread calls a sample gave up on
+    finish on their own: asyncio.run joins its default executor for up to 300 s
+    (asyncio.constants.THREAD_JOIN_TIMEOUT) before returning."""
+    with asyncio.Runner() as runner:
+        tools = ThreadPoolExecutor(thread_name_prefix="vime-rollout-tool")
+        loop = runner.get_loop()
+        loop.set_default_executor(tools)
+        try:
+            return runner.run(coroutine)
+        finally:
+            tools.shutdown(wait=False, cancel_futures=True)
+            # what Runner.close shuts down and joins: an executor that never started a thread
+            loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
 
 
 class RolloutFunctionError(RuntimeError):
@@ -389,7 +406,7 @@ class CustomRollout:
                 tokenizer=self.tokenizer))
         scheduler = _Scheduler(self.generate, self.params, self.timeout_s, describe, self.name)
         with scheduler.watch.watching():
-            returned = asyncio.run(self._run_all(contexts, scheduler))
+            returned = _run_leaving_tool_threads(self._run_all(contexts, scheduler))
         generations = []
         for ctx, result in zip(contexts, returned, strict=True):
             if not ctx.turns:

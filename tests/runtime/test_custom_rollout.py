@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -170,6 +171,37 @@ def test_a_tool_thread_outliving_its_sample_is_not_a_blocked_function(tmp_path):
     loop = in_process_loop(config)
     loop.custom.function = leaves_a_tool_thread
     loop.run()  # asyncio.run waits for the thread after the samples: no tick, no function
+    assert [record["rollout"] for record in metrics(config.job_dir)] == [0]
+
+
+RELEASE = threading.Event()
+
+
+def held_tool():
+    RELEASE.wait(60)  # released by the test once the rollout is back
+
+
+async def abandons_a_held_tool(ctx):
+    if ctx.index == 1:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(held_tool), 0.05)
+    await ctx.generate()
+    return 0.0
+
+
+def test_the_rollout_does_not_wait_for_a_tool_thread_its_sample_gave_up_on(tmp_path):
+    """asyncio.run joins the default executor's threads (up to 300 s) before returning; the
+    rollout leaves a given-up tool's thread to finish on its own."""
+    RELEASE.clear()
+    config = tools_config(tmp_path, rollout__function_timeout_s="0.5", rollout__num_rollout="1")
+    loop = in_process_loop(config)
+    loop.custom.function = abandons_a_held_tool
+    try:
+        loop.run()
+        held = [t for t in threading.enumerate() if t.name.startswith("vime-rollout-tool")]
+        assert any(t.is_alive() for t in held), "the rollout waited for the tool's thread"
+    finally:
+        RELEASE.set()
     assert [record["rollout"] for record in metrics(config.job_dir)] == [0]
 
 
