@@ -63,8 +63,10 @@ def megatron_args(plan: Plan) -> list[list[str]]:
         ["--hidden-size", str(arch.hidden_size)],
         ["--ffn-hidden-size", str(arch.ffn_hidden_size)],
         ["--num-attention-heads", str(arch.num_attention_heads)],
-        ["--group-query-attention"],
-        ["--num-query-groups", str(arch.num_kv_heads)],
+    ]
+    if not arch.is_mla:  # Megatron refuses GQA beside MLA ("mutually exclusive")
+        args += [["--group-query-attention"], ["--num-query-groups", str(arch.num_kv_heads)]]
+    args += [
         ["--kv-channels", str(arch.head_dim)],
         ["--vocab-size", str(arch.vocab_size)],
         ["--max-position-embeddings", str(arch.max_position_embeddings)],
