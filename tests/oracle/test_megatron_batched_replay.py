@@ -29,7 +29,9 @@ import torch.multiprocessing as mp  # noqa: E402
 from megatroncpu import TINY_MOE, cpu_streams, free_port  # noqa: E402
 
 LENGTHS = (7, 12, 9)
-BF16 = 2 ** -8  # one bf16 rounding of the largest logit
+# fp32: a batch and a sample alone differ by the kernels' summation order only (in bf16 the
+# CPU's kernels for a padded batch round differently from one machine to the next)
+FP32 = 1e-5
 
 
 def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -69,7 +71,9 @@ def _world(_rank: int, port: int, results) -> None:
         arch = arch_from_config(TINY_MOE)
         torch.manual_seed(0)
         gpt = build_gpt(arch, transformer_config(arch, use_cpu_initialization=True,
-                                                 moe_enable_routing_replay=True), 256)
+                                                 moe_enable_routing_replay=True, bf16=False,
+                                                 params_dtype=torch.float32,
+                                                 pipeline_dtype=torch.float32), 256)
         gpt.eval()
         with torch.no_grad():  # experts that weigh in the logits, so that a wrong route shows
             for name, param in gpt.named_parameters():
@@ -121,13 +125,13 @@ def replayed():
 
 def test_a_batch_replays_every_sample_as_it_replays_alone(replayed):
     assert replayed["rows"] == max(LENGTHS) * len(LENGTHS)
-    assert max(replayed["gaps"]) < BF16, replayed["gaps"]
+    assert max(replayed["gaps"]) < FP32, replayed["gaps"]
 
 
 def test_the_replay_is_used_and_its_order_matters(replayed):
-    # free routing and the sample-major order both change what the samples see
-    assert min(replayed["natural"]) > 10 * BF16, replayed["natural"]
-    assert min(replayed["wrong"]) > 10 * BF16, replayed["wrong"]
+    # free routing and the sample-major order both move the logits by over 4 % of the largest
+    assert min(replayed["natural"]) > 0.04, replayed["natural"]
+    assert min(replayed["wrong"]) > 0.04, replayed["wrong"]
 
 
 def test_only_the_rows_vllm_routed_are_marked(replayed):
