@@ -23,7 +23,7 @@ responses (_response_terms).
 - The loss head: the model returns its final hidden states and output weight instead of
   logits (megatron-core's output_processor hook, _head_inputs), and runtime/core/loss_head.py
   makes the log-probs and entropy from them a chunk of tokens at a time, with no [tokens,
-  vocab] tensor kept for the backward (issue 18). Under tensor parallelism the weight is this
+  vocab] tensor kept for the backward. Under tensor parallelism the weight is this
   rank's vocabulary rows: max and sums reduced over the tensor group, or with top_p < 1 each
   chunk's logits gathered over it (the nucleus needs every logit of a position).
 - Packed micro-batches (train.pack_sequences, cp = 1: `packing`): a micro-batch's samples go
@@ -213,7 +213,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         # TE's FusedAdam. Without TE or Apex it is torch.optim.AdamW, which megatron-core builds
         # without `fused`: torch's foreach path then, several passes over every parameter and
         # moment (67 ms of a 4-layer Qwen3-30B-A3B slice's 326 ms of GPU work on an H200,
-        # docs/gpu-runs.md) and 4 bytes per parameter held during the step (measured, issue 18).
+        # docs/gpu-runs.md) and 4 bytes per parameter held during the step (measured: docs/gpu-runs.md,
+        # "torch's fused AdamW in the backend").
         # _fuse_adam switches it to torch's fused kernel, one pass.
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=opt.lr, weight_decay=opt.weight_decay,
@@ -663,7 +664,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         DistributedOptimizer (without Apex or Transformer Engine) reloads the step through its
         param_groups and gives every parameter the same tensor object; torch's Adam then adds
         1 to that one tensor once per parameter at every step, so the bias corrections of a
-        resumed run differ from the uninterrupted run's (docs/gpu-runs.md, "Resume is now exact")."""
+        resumed run differ from the uninterrupted run's (docs/gpu-runs.md, "Adam's step counts")."""
         for inner, step in zip(self._torch_adams(), steps, strict=True):
             devices = self._step_devices(inner)
             for param, state in inner.state.items():

@@ -1,4 +1,4 @@
-"""MoE experts as grouped GEMMs (`torch._grouped_mm`), without Transformer Engine (issue 19).
+"""MoE experts as grouped GEMMs (`torch._grouped_mm`), without Transformer Engine.
 
 megatron-core's local layer spec runs its experts as SequentialMLP: one GEMM per expert per
 projection, so a layer of 128 experts launches ~384 GEMMs forward and ~768 backward, and the

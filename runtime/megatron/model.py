@@ -281,9 +281,9 @@ def transformer_config(arch: Arch, recompute: str = "none", **overrides):
         hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16, attention_softmax_in_fp32=True,
         # alltoall for dense models too: TransformerConfig refuses its default (allgather)
-        # with variable_seq_lengths whether or not there are experts (issue 16: a dense
-        # Qwen3 failed at init with "Token dispatcher type: allgather does not support
-        # variable sequence length"); a dense model builds no dispatcher
+        # with variable_seq_lengths whether or not there are experts ("Token dispatcher type:
+        # allgather does not support variable sequence length",
+        # tests/runtime/test_megatron_dense.py); a dense model builds no dispatcher
         variable_seq_lengths=True, moe_token_dispatcher_type="alltoall", **moe,
         **recompute_args)
     kwargs.update(_family_args(arch))

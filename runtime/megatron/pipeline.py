@@ -1,5 +1,5 @@
 """Micro-batches through megatron-core's pipeline schedule, with vime's loss head and GRPO loss
-on the last stage (issue 21; not yet called by the backend, which refuses pp > 1: V905).
+on the last stage (the backend does not call it: it refuses pp > 1, V905).
 
 megatron-core's schedule (pipeline_parallel.get_forward_backward_func: 1F1B without
 interleaving for pp > 1, a plain loop for pp = 1) calls `forward_step_func(data_iterator,

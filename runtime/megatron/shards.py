@@ -100,7 +100,7 @@ def pieces(gpt) -> list[Piece]:
             # tied embeddings under pp > 1: the last stage's copy of the first stage's
             # embedding, keyed by it as a non-main replica (megatron-core's
             # tie_embeddings_and_output_weights_state_dict); a tied model has no output_layer
-            # tensor of its own (issue 21, tests/runtime/test_megatron_pipeline.py)
+            # tensor of its own (tests/runtime/test_megatron_pipeline.py)
             name = _EMBEDDING
         prepend = entry.prepend_axis_num
         if prepend:  # experts: the offset on the leading axis is the global expert index
