@@ -16,8 +16,8 @@ torch counters and is left out of both sides.
 
 The measured loop's loss is a whole-vocabulary fp32 log-softmax (megatron_memory.py's
 grpo_step), not the runtime's chunked loss head (runtime/core/loss_head.py) that the
-planner's "logits" term now follows; for those measurements the table puts back the term the
-planner had for it, WHOLE_VOCABULARY_BYTES per token per vocabulary entry.
+planner's "logits" term follows; for those measurements the table uses a whole-vocabulary
+term in its place, WHOLE_VOCABULARY_BYTES per token per vocabulary entry.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def main(path: str) -> None:
         p = predict(case)
         a, r = case["peak_allocated_gib"], case["peak_reserved_gib"]
         if "peak_backward_gib" not in case:
-            continue  # first run, before peaks were taken per phase
+            continue  # a record without per-phase peaks
         print(f"| {case['layers']} | {case['recompute']} | {case['tokens']} | {a:.1f} GiB | "
               f"{p['allocated']:.1f} GiB | {(p['allocated'] - a) / a:+.1%} | {r:.1f} GiB | "
               f"{p['reserved']:.1f} GiB | {(p['reserved'] - r) / r:+.1%} | "

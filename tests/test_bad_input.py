@@ -132,12 +132,11 @@ def test_an_unknown_gpu_says_the_memory_plan_is_skipped():
 @pytest.mark.parametrize("case", list(LARGEST))
 def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt):
     # `vime plan` returns within a second on any spec the schema admits.
-    # This is an upper bound that catches a return of per-rank Python work (this plan took
-    # 4-11 s before; 0.6-1.0 s of CPU after, on the 2-core machine it was written on: 132-201
-    # MB of JSON; the text, 23-43 MB then, now shows three nodes and seven engines, 0.2 s), not
-    # a benchmark: it bounds the CPU time of the `vime plan`
-    # process, which other work on a shared machine does not stretch as it does the wall
-    # time, and 3 s leaves room for a slower machine. benchmarks/plan_startup.py times it.
+    # This is an upper bound that catches per-rank Python work (a Python object per rank
+    # takes 4-11 s on these specs; columns take 0.2-0.9 s on a 2-core machine:
+    # benchmarks/RESULTS.md, "The largest cluster the schema admits"), not a benchmark: it
+    # bounds the CPU time of the `vime plan` process, which other work on a shared machine
+    # does not stretch as it does the wall time, and 3 s leaves room for a slower machine. benchmarks/plan_startup.py times it.
     sets = [arg for item in LARGEST[case] for arg in ("--set", item)]
     argv = [sys.executable, "-m", "vime", "plan", "specs/qwen3_30b.toml", *sets]
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()

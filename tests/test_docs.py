@@ -242,3 +242,34 @@ def test_quoted_commands_exist(doc):
             if name not in verbs
         ]
     assert not unknown, "commands that do not exist:\n" + "\n".join(unknown)
+
+
+# `docs/design.md, "The loss head"` in code: a doc and the words of one of its headings,
+# possibly across a comment's line break.
+SECTION_POINTER = re.compile(r'((?:docs|benchmarks)/[\w-]+\.md),\s*(?:#\s*)?"([^"\n]+)"')
+CODE = [path for folder in ("vime", "runtime", "tests", "benchmarks")
+        for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def headings(doc: pathlib.Path) -> list[str]:
+    """Return DOC's headings outside fenced blocks, without their leading #s."""
+    found, fenced = [], False
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = re.match(r"^#{1,6} (.+)$", line)
+        if heading and not fenced:
+            found.append(heading.group(1))
+    return found
+
+
+def test_section_pointers_in_code_name_a_heading():
+    broken = []
+    for path in CODE:
+        text = path.read_text(encoding="utf-8")
+        for match in SECTION_POINTER.finditer(text):
+            doc, words = ROOT / match.group(1), " ".join(match.group(2).split())
+            line = text.count("\n", 0, match.start()) + 1
+            if not doc.is_file() or not any(words in heading for heading in headings(doc)):
+                broken.append(f"{path.relative_to(ROOT)}:{line}: {match.group(1)}, \"{words}\"")
+    assert broken == [], "pointers to no heading:\n" + "\n".join(broken)

@@ -1,21 +1,11 @@
 """What vime's runtime can run, as plain data: the support matrix that V102 checks a model's
 config.json against at compile time.
 
-The Megatron backend (runtime/megatron/model.py) builds Qwen3 blocks: RMSNorm, rotary
-embeddings without scaling over every position, full causal attention in every layer with
-q/k RMSNorm and no bias, a SwiGLU MLP, and for MoE layers softmax-top-k experts without a
-shared expert; the HF <-> Megatron mapping (runtime/megatron/mapping.py) and the weight push
-to vLLM know those tensor names. vLLM itself serves far more architectures, but the actor
-could not train them nor give it their weights.
-
-It also runs two more families, read in full by the planner (vime/resolve/model.py):
-DeepSeek-V3 (`deepseek_v3`, `kimi_k2`) and GLM-4.5 (`glm4_moe`: GLM-4.5, 4.6, 4.7 and their Air
-variants). The Megatron backend builds them, its mapping and convert carry their weights
-(checked on the CPU against transformers), the weight push gives vLLM's DeepseekV3ForCausalLM
-and Glm4MoeForCausalLM the names their load_weights reads (tests/live/test_vllm_families.py),
-and routing replay reads vLLM's routes of their MoE layers only. V102 names what is left of
-them: YaRN and other scaled rotary embeddings (DeepSeek-V3/R1, Kimi-K2), MLA without a query
-latent on the local spec (Moonlight), group scores megatron-core computes otherwise.
+The Megatron backend (runtime/megatron/model.py) builds Qwen3 blocks and the DeepSeek-V3
+(`deepseek_v3`, `kimi_k2`) and GLM-4.5 (`glm4_moe`) families; the HF <-> Megatron mapping
+(runtime/megatron/mapping.py) and the weight push to vLLM know their tensor names. vLLM
+serves far more architectures, but the actor could not train them nor give it their weights.
+What each family supports and what V102 names: docs/design.md, "What the runtime can run".
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ SHAPES = {
 # what every shape's config.json holds besides its dimensions, by model_type; no MTP layer
 # (num_nextn_predict_layers, 1 by transformers' default): vLLM serves one only as a draft
 # model and the actor trains none. DeepSeek-V3's scoring_func and topk_method, as its own
-# config.json has them: transformers v5 no longer writes them, and vLLM's deepseek_v2.py
+# config.json has them: transformers v5 does not write them, and vLLM's deepseek_v2.py
 # then routes by softmax without the expert bias
 _FIXED = {
     "qwen3_moe": dict(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True),

@@ -1,45 +1,13 @@
 """The Megatron training backend: megatron-core's GPTModel (runtime/megatron/model.py), its
 DistributedDataParallel and distributed optimizer, the GRPO loss of runtime/core/algorithm.py, and
-rollout routing replay through megatron-core's RouterReplay.
-
-Layouts: tensor, context, expert (with its own expert-tensor size) and data parallel, as the
-plan gives them; every rank is one Ray actor and joins megatron-core's groups through
-`initialize_model_parallel` with the plan's sizes (the plan's rank order is megatron's,
-checked by tests/oracle/test_megatron_groups.py). Pipeline parallel is refused (V905 warns at
-compile time: it needs the pipeline schedules, not written).
-Sequence parallel is on whenever tp > 1 (megatron-core refuses to train MoE with tensor
-parallelism without it), with runtime/megatron/model.py's RMSNorm in the local layer spec.
-Context parallel: each rank holds chunks r and 2·cp − 1 − r of every sequence (the order
-megatron's rotary embedding slices positions by); the attention gathers keys and values over
-the group (model.py), and the log-probs of a rank's positions are gathered to pick the
-responses (_response_terms).
-
-- Weights: a torch_dist checkpoint (`vime convert`) is loaded by dist-checkpointing, which
-  reshards it to this rank's layout; HF weights (or the seeded random ones) are cut into
-  this rank's pieces by runtime/megatron/shards.py, and gathered the same way to export.
-- Data: the ranks of one data-parallel replica get the same samples (TrainGroup splits by
-  the dp coordinate); the loss is divided by the step's tokens on every replica and
-  megatron's DDP sums gradients (calculate_per_token_loss), so the sum is the step's mean.
-- The loss head: the model returns its final hidden states and output weight instead of
-  logits (megatron-core's output_processor hook, _head_inputs), and runtime/core/loss_head.py
-  makes the log-probs and entropy from them a chunk of tokens at a time, with no [tokens,
-  vocab] tensor kept for the backward (issue 18). Under tensor parallelism the weight is this
-  rank's vocabulary rows: max and sums reduced over the tensor group, or with top_p < 1 each
-  chunk's logits gathered over it (the nucleus needs every logit of a position).
-- Packed micro-batches (train.pack_sequences, cp = 1: `packing`): a micro-batch's samples go
-  forward one after another in one row of their summed length, with megatron-core's
-  PackedSeqParams (THD: attention and rotary positions per sample, model.py's
-  packed_attention), instead of right-padded to [n, longest]; the responses are picked at
-  their packed offsets and the replayed routes laid in the packed order. Under context
-  parallelism the micro-batches stay padded: megatron-core's THD attention there is
-  Transformer Engine's, and the local attention gathers whole padded rows.
-- Ranks that share an expert group must run the same number of forwards (the all-to-all is
-  collective): every rank runs the largest count, padding with a masked repeat of a sample.
+rollout routing replay through megatron-core's RouterReplay. Every rank is one Ray actor in
+megatron-core's groups with the plan's tp, cp, ep, etp and dp; pp > 1 is refused (V905).
 
 Batching, log-prob picking and the loss are the torch backend's
 (runtime/backends/torch_train.py, through its hooks _forward, _vocabulary_group, _begin_step,
 _before_backward and _finish_step); the model, the optimizer and the device memory handling
-are Megatron's.
+are Megatron's. Layouts, weights, data, the loss head and packed micro-batches:
+docs/design.md, "The Megatron training backend".
 """
 
 from __future__ import annotations
@@ -213,7 +181,8 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         # TE's FusedAdam. Without TE or Apex it is torch.optim.AdamW, which megatron-core builds
         # without `fused`: torch's foreach path then, several passes over every parameter and
         # moment (67 ms of a 4-layer Qwen3-30B-A3B slice's 326 ms of GPU work on an H200,
-        # docs/gpu-runs.md) and 4 bytes per parameter held during the step (measured, issue 18).
+        # docs/gpu-runs.md) and 4 bytes per parameter held during the step (measured: docs/gpu-runs.md,
+        # "torch's fused AdamW in the backend").
         # _fuse_adam switches it to torch's fused kernel, one pass.
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=opt.lr, weight_decay=opt.weight_decay,
@@ -663,7 +632,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         DistributedOptimizer (without Apex or Transformer Engine) reloads the step through its
         param_groups and gives every parameter the same tensor object; torch's Adam then adds
         1 to that one tensor once per parameter at every step, so the bias corrections of a
-        resumed run differ from the uninterrupted run's (docs/gpu-runs.md, "Resume is now exact")."""
+        resumed run differ from the uninterrupted run's (docs/gpu-runs.md, "Adam's step counts")."""
         for inner, step in zip(self._torch_adams(), steps, strict=True):
             devices = self._step_devices(inner)
             for param, state in inner.state.items():

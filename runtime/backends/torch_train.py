@@ -257,9 +257,9 @@ class TorchTrainingBackend(TrainingBackend):
 
     def _head_terms(self, hidden, weight, targets, entropy: bool):
         """(log-probs, entropy or None) of the targets under softmax(hidden @ weight.T / T), in
-        chunks of tokens without a [tokens, vocab] tensor (runtime/core/loss_head.py, issue 18).
+        chunks of tokens without a [tokens, vocab] tensor (runtime/core/loss_head.py).
         With top_p < 1 the log-probs are under the nucleus the engine sampled from, renormalised
-        (runtime/core/nucleus.py), as vLLM's processed log-probs are (issue 14); the entropy stays
+        (runtime/core/nucleus.py), as vLLM's processed log-probs are; the entropy stays
         that of the whole softmax: the policy the entropy bonus spreads is the model's, and the
         nucleus's entropy would jump as tokens cross its boundary. The entropy carries gradients
         only when it is part of the loss (entropy_coef), otherwise it is a metric."""

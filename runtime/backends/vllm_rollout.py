@@ -1,52 +1,12 @@
 """The vLLM rollout backend (vLLM 0.26 to 0.33; runtime/backends/vllm_compat.py holds what
 differs): one engine = one `vllm.LLM` with the engine arguments vime compiled (`vllm.args`,
-checked against vLLM's own parser in tests/oracle/test_vllm.py).
+checked against vLLM's own parser in tests/oracle/test_vllm.py). `launch` places an engine's
+workers on its placement-group bundles; `VllmRolloutBackend` generates, syncs weights (vLLM's
+weight-transfer engine, or `update_weights` through runtime/backends/vllm_worker.py) and
+sleeps and wakes.
 
-- Launch (`launch`, pure): an engine whose GPUs are several placement-group bundles (more
-  than one GPU, or more than one node) runs its workers as Ray actors on exactly those
-  bundles: `distributed_executor_backend="ray"`, `VLLM_RAY_BUNDLE_INDICES` (one bundle per
-  worker, vllm/v1/executor/ray_utils.py checks the count) and, colocated,
-  `VLLM_RAY_PER_WORKER_GPUS` = the engine's share of a GPU; the host actor then holds no GPU
-  itself. An engine with vLLM data parallelism (dp > 1) needs one `LLM` per DP rank
-  (`LLM(data_parallel_size > 1)` raises outside external_launcher, vllm/entrypoints/llm.py):
-  each rank has its own host process (runtime/workers/dp_engine.py), started with its rank's slice,
-  for which `launch` gives its bundles and the VLLM_DP_* variables of vLLM's offline DP.
-- Generation: token-id prompts, one sample per request with the request's seed (so a resumed
-  run samples the same), `logprobs=0` for the sampled token's log-prob (vime emits
-  `--logprobs-mode processed_logprobs`: after temperature, and after top-p when top_p < 1),
-  and with routing replay the routed experts of every token (`--enable-return-routed-experts`;
-  0.32+ capture them in the V2 model runner, 0.26 in the V1 runner only: VLLM_USE_V2_MODEL_RUNNER
-  is set accordingly before the engine starts, vllm_compat).
-- Weights, two paths, both keeping the version counter (vLLM's `update_weight_version` /
-  `finish_weight_update(weight_version)`, and this backend's own integer):
-  * vLLM's weight-transfer engine: every engine starts with
-    `weight_transfer_config=WeightTransferConfig(backend=...)`, "ipc" when colocated (CUDA IPC
-    handles of the actor's tensors on the same GPU), "nccl" when disaggregated (a broadcast
-    from the actor's rank 0); an `--weight-transfer-config` in inference.extra_args wins.
-    The trainer side (runtime/backends/vllm_weights.py) drives `init_weight_transfer`,
-    `start_weight_update`, `receive_weights`, `finish_weight_update` below through
-    vLLM's own trainer engines.
-  * the fallback, `update_weights(WeightBucket)`: each bucket (HF names) to every worker
-    through `collective_rpc` to vime's worker extension (runtime/backends/vllm_worker.py:
-    vLLM's layerwise reload around the model's own `load_weights`, so kernels that keep a
-    processed copy of their weights are refreshed). `weight_path` selects it when vLLM's
-    trainer engines cannot run: the actor is not on CUDA (the torch training backend on
-    CPU), the actor and the engine share one process (CUDA IPC cannot open a handle in the
-    process that made it), or, for IPC, an actor rank does not hold every tensor
-    (IPCTrainerWeightTransferEngine refuses it).
-- The engine core runs in its own process by default (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING);
-  on the lent GPU machine it hangs there after start-up and runs in-process
-  (VLLM_ENABLE_V1_MULTIPROCESSING=0, docs/vllm.md). Both work: collective_rpc calls the
-  worker extension by name, and a fallback bucket travels as bytes to another process and as
-  the tensors themselves in-process. `mode` says which, and the host logs it at start.
-    (shared/reference/vllm.md §2.2 item 7 says "the IPC loader refuses EPLB": that is the
-    weight-cache IPC loader of model loading, model_loader/weight_cache/ipc_loader.py, not
-    the weight-transfer engine; only the sharded_rdt transfer backend refuses EPLB.)
-  After a sync, `fingerprints(names)` hashes a few tensors in every worker (collective_rpc)
-  for the actor to compare with its own (runtime/core/weights.py).
-- Sleep and wake map to `LLM.sleep(level)` / `LLM.wake_up(tags)` (`--enable-sleep-mode`).
-
-What has and has not been executed, on which version and machine, is in docs/vllm.md.
+Launch, generation, the two weight paths and the engine core's process: docs/design.md,
+"The vLLM rollout backend"; what has run, on which version and machine: docs/vllm.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
 """The actor's side of vLLM's weight-transfer engine (distributed/weight_transfer/).
 
-vLLM 0.32+ ships trainer engines (`NCCLTrainerWeightTransferEngine`,
-`IPCTrainerWeightTransferEngine`) that drive a full update round (start, update, finish)
-through a "client" with four methods and read the weights from a `WeightSource`; vLLM 0.26
-has a static `trainer_send_weights` for IPC instead (runtime/backends/vllm_compat.py holds
-the differences). This module gives them vime's pieces:
-
-- `ExportSource`: a training backend's `export_weights(bucket_bytes)` (HF names, the
-  buckets' order) as the parameter list and the stream vLLM reads; its metadata is one pass
-  of the export, taken once; `vllm_compat.weight_source` wraps it in this vLLM's WeightSource.
-- `EngineClient`: the client, over vime's engine hosts (Ray actors or in-process), calling
-  the vLLM backend's `init_weight_transfer` / `start_weight_update` / `receive_weights` /
-  `finish_weight_update` (runtime/backends/vllm_rollout.py) on every engine. vLLM's own
-  `RayVLLMWeightSyncClient` sends one NCCL init payload to all handles; with several
-  engines each needs its own `rank_offset` in the group, which this client sets.
-- `trainer_init_info` / `worker_init_infos` / `update_info`: vLLM's own dataclasses, filled
-  from the plan (bucket bytes = the packed buffer size, runtime/core/weights.py).
-- `trainer_engine(...)`: vLLM's trainer engine of one actor rank for a route
-  (runtime/workers/weight_sync.py), made on the first sync and kept by the rank's host
-  (runtime/workers/actors.py, TrainWorker.send_weights); `send(...)`: one sync through it, then the
-  version, then the sample check (runtime/core/weights.py: the same few tensors hashed in the
-  actor and in every worker).
-
-Imported only by an actor that takes this path (`vllm_rollout.weight_path`); it imports
-vLLM at the top.
+vLLM 0.32+ ships trainer engines that drive an update round (start, update, finish) through a
+"client" and read the weights from a `WeightSource`; vLLM 0.26 has a static
+`trainer_send_weights` for IPC (runtime/backends/vllm_compat.py holds the differences). Here:
+`ExportSource` (a training backend's export as vLLM's source), `EngineClient` (the client over
+vime's engine hosts), vLLM's init and update dataclasses filled from the plan, and
+`trainer_engine` / `send` (one sync, then the version and the sample check). Imported only
+by an actor that takes this path (`vllm_rollout.weight_path`); it imports vLLM at the top.
+Each piece in detail: docs/design.md, "The actor's side of vLLM's weight transfer".
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The fallback weight update (no weight-transfer engine) is one round per version:
 layerwise reload (the same calls vLLM's IPC and NCCL engines make around their loads), so a
 layer whose kernels keep a processed copy of its weights (prepacked linear layers and experts
 on CPU, quantised layouts) is processed again once all of its tensors have arrived: loading
-into the parameters alone changed the parameter but not what the kernel computed with.
+into the parameters alone changes the parameter but not what the kernel computes with.
 
 This module imports torch only; vLLM's own modules are imported inside the methods, which run
 in the worker.

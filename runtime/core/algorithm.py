@@ -4,20 +4,9 @@ functions on tensors, shared by every training backend (torch and Megatron), so 
 tested once against hand-computed numbers and a reference implementation's formula
 (tests/runtime/test_algorithm.py, tests/runtime/test_estimators.py).
 
-Conventions (the ones slime and verl use, noted where they differ):
-- log-probabilities are of the sampled token under the distribution the rollout sampled
-  from: softmax(logits / temperature), with top_p < 1 cut to vLLM's nucleus and renormalised
-  (runtime/core/nucleus.py); the rollout backend returns the same quantity, so the two
-  can be compared (TIS, the mismatch metric). The entropy stays that of the whole
-  softmax(logits / temperature);
-- a loss is a weighted sum over response tokens whose weights are fixed by the whole
-  optimizer step across all data-parallel ranks, so gradient accumulation and DP all-reduce
-  (SUM) give exactly the step's aggregate. token-mean (the default: DAPO's choice and slime's
-  --calculate-per-token-loss) divides by the step's response tokens; seq-mean-token-mean by
-  each sample's tokens and the step's samples; seq-mean-token-sum-norm (Dr.GRPO) by a
-  constant, the rollout's max_response_len, and the step's samples (verl's loss_agg_mode);
-- per-token tensors of a micro-batch are [samples, tokens] (a 1-d tensor is one sample):
-  the sequence-level pieces (GSPO's ratio, the seq-mean aggregations) reduce the last axis.
+Conventions (log-probabilities, loss aggregation over a step, tensor shapes; the ones slime
+and verl use): docs/design.md, "The RL arithmetic"; the algorithm's keys: docs/runtime.md,
+"The algorithm".
 """
 
 from __future__ import annotations

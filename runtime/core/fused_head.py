@@ -1,23 +1,12 @@
 """The loss head's element-wise work as two Triton kernels, one pass over each chunk of logits
-(runtime/core/loss_head.py without top-p).
-
-In eager torch a chunk of bf16 logits went through ~9 kernels forward (the fp32 copy, the max,
-the shift, exp, the sums, the entropy's product) and ~8 backward (the fp32 copy again, log p,
-exp, the coefficient, the scatter of the targets, the bf16 copy), each a pass over the chunk in
-fp32: on an H200 76 of the head's 129 ms at 16k tokens of Qwen3's vocabulary, the head's four
-GEMMs 53 (docs/gpu-runs.md). Here:
-
-- `row_stats` reads a chunk's logits once and gives, per row, the max m of x = logits / T, the
-  sum s of exp(x - m), the target's x - m and the entropy's sum a of exp(x - m) (x - m), by an
-  online softmax over blocks of columns (when the max grows from m to m', s and a are rescaled
-  by exp(m - m'), and a gains (m - m') s);
-- `grad_in_place` turns a chunk of logits into the gradient of the loss by them, in place and
-  in their dtype: -p (g + g_H (log p + H)) + g [column = target], over T.
+(runtime/core/loss_head.py without top-p): `row_stats` (forward: per row the max, the sum of
+exponentials, the target's logit and the entropy's sum, by an online softmax) and
+`grad_in_place` (backward: the chunk's logits turned into their gradient in place).
 
 The formulas are loss_head's eager ones; tests/runtime/test_fused_head.py runs both through
 Triton's interpreter on the CPU and compares. Used where the tensors are on a GPU and Triton
-imports (it comes with CUDA torch), unless VIME_LOSS_HEAD=eager; a kernel that fails to build
-on a node is logged once and the eager chunks run instead.
+imports, unless VIME_LOSS_HEAD=eager; a kernel that fails to build is logged once and the
+eager chunks run instead. What it saves and the formulas: docs/design.md, "The loss head's kernels".
 """
 
 from __future__ import annotations

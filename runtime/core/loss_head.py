@@ -1,59 +1,12 @@
 """The loss head: each token's log-prob and the entropy of its distribution, from the last
-hidden states and the output layer's weight, a chunk of tokens at a time.
+hidden states and the output layer's weight, a chunk of tokens at a time, with no [tokens,
+vocab] tensor kept for the backward (`token_terms`, called by the training backends:
+runtime/backends/torch_train.py, runtime/megatron/pipeline.py). Without top-p a chunk's
+element-wise work runs in runtime/core/fused_head.py's Triton kernels where they run.
 
-A log-softmax over the vocabulary kept for the backward is the largest tensor of a training
-step: [tokens, vocab] in fp32, and its backward adds the gradients of its output and input
-(with the logits 14.9 bytes per token per vocabulary entry measured on an H200, 16 planned:
-37 GiB for 16k tokens of Qwen3's 151,936 entries). Here no [tokens, vocab] tensor is made at all: per chunk of rows the
-logits are hidden @ weight.T (in the weight's dtype, as the output layer computes them), then
-fp32 divided by the temperature, reduced to a few numbers per token, and dropped. The backward
-saves only the hidden states and those numbers, and computes each chunk's logits again (one
-more output-layer matmul) to give the gradients of the hidden states and of the weight.
-
-What is computed per token, with x = logits / T over the vocabulary:
-
-- log-prob of the target: x_t - logsumexp(x); with top_p < 1 (and T > 0) under vLLM's nucleus
-  renormalised, x_t - log sum_v w_v exp(x_v) with runtime/core/nucleus.py's cut and weights;
-- entropy of softmax(x), the whole distribution's (the nucleus's would jump as tokens cross its
-  boundary): log S - sum_v e_v (x_v - m) / S with m = max x, e = exp(x - m), S = sum e.
-
-Gradients, with p = softmax(x) and q the nucleus's renormalised weights (q = p without top-p):
-d log-prob / dx = onehot(t) - q, d entropy / dx = -p (log p + H).
-
-Tensor parallelism (`group`): the weight holds this rank's rows of the vocabulary (rank r: ids
-r·V/tp ..), hidden states and targets are the same on every rank. Without top-p the max and
-the sums are all-reduced (two small collectives per chunk; backward without communication,
-as megatron-core's vocab_parallel_cross_entropy); with top-p each chunk's logits are gathered
-over the group (the cut needs the whole row) and every rank computes the same numbers, and
-its backward keeps its own columns (recomputed by the same matmul, so the comparisons with the
-cut see the same values). The hidden states' gradient is then this rank's part, the caller
-sums it over the group (megatron-core's sequence-parallel gather does, in its backward).
-
-The backward without top-p goes over the vocabulary a chunk of columns at a time instead (as
-many logits per chunk as the forward's chunks of rows): each chunk's rows of the weight's
-gradient are one matmul over every token, written once in the weight's dtype, and the hidden
-states' gradient is summed over the chunks in fp32. Chunking by tokens there summed the
-weight's whole fp32 gradient once per chunk of tokens: at 16k tokens and Qwen3's vocabulary,
-38 passes over 1.2 GB, most of the loss head's time on an H200 (docs/gpu-runs.md). With top-p
-the cut needs whole rows: the backward stays by tokens.
-
-Without top-p, a chunk's element-wise work (everything but its matmuls) runs in the two Triton
-kernels of runtime/core/fused_head.py where they run (the tensors on a GPU, Triton importing,
-VIME_LOSS_HEAD not "eager"), one pass over the chunk's logits each way instead of torch's
-~9 fp32 passes forward and ~8 backward; the same formulas, and the eager code below otherwise
-(on the CPU, with top-p, after a kernel failed).
-
-Memory: per token, the saved hidden states and their gradient (2 + 2 bytes per hidden entry in
-bf16) and a few fp32 numbers, and without top-p the fp32 sum of the hidden states' gradient and
-a chunk's bf16 share of it (PLAIN_HIDDEN_GRAD_BYTES per hidden entry); per chunk, its
-[rows, vocab / tp] (with top-p [rows, vocab]) temporaries, CHUNK_BYTES_PER_ENTRY
-(NUCLEUS_CHUNK_BYTES_PER_ENTRY) each; while the backward runs, the weight's gradient:
-PLAIN_WEIGHT_GRAD_BYTES per weight entry without top-p, WEIGHT_GRAD_BYTES with it (summed over
-the chunks of tokens in fp32).
-vime/plan/memory.py charges these (tests/test_memory.py keeps its copies of the constants equal);
-tests/runtime/test_loss_head.py measures them on the CPU, against the whole-vocabulary
-log-softmax the backends computed before (12 bytes per token per vocabulary entry there, 14.9
-measured on an H200 with Megatron's fp32 copy of the logits).
+vime/plan/memory.py charges the memory constants below (tests/test_memory.py keeps its copies
+equal); tests/runtime/test_loss_head.py measures them on the CPU. The formulas, tensor
+parallelism, the backward by columns and the memory model: docs/design.md, "The loss head".
 """
 
 from __future__ import annotations

@@ -2,26 +2,11 @@
 sampled from.
 
 With top_p < 1 vLLM samples from softmax(logits / T) truncated to a nucleus and renormalised,
-and `--logprobs-mode processed_logprobs` reports the sampled token's log-prob under that
-renormalised distribution (vllm/config/model.py: "Processed means the values after applying
-all processors, including temperature and top_k/top_p"; seen on a live engine with top_p = 0.6).
-Its rule (vllm/v1/sample/ops/topk_topp_sampler.py, apply_top_k_top_p_pytorch): sort a row's
-logits ascending, softmax them in float32, take the cumulative sum, drop every position whose
-cumulative mass is <= 1 - p (1 - p in float32: its p is a float32 tensor), never the last one
-(the largest logit). Its Triton kernel (topk_topp_triton.py), which runs on GPUs, keeps the
-same set: every token above a pivot and, of the tokens at the boundary value, as many as the
-mass needs, lowest token id first.
-
-The dropped positions are a prefix of the sorted row (a cumulative sum of non-negative terms
-never falls), so a row's cut is its smallest kept logit (`threshold`) and how many of the
-tokens at exactly that logit are kept: bf16 logits tie often, and the mass can be reached
-inside a tied group. Which tied tokens vLLM keeps depends on its sort; their probabilities are
-equal, so the normaliser does not, and a target at the threshold counts as kept (it was
-sampled, so the engine kept it).
-
-Greedy sampling (temperature 0) applies no top-p in vLLM (SamplingParams sets top_p = 1), so
-callers pass top_p = 1 there; top_p >= 1 is never cut here, and the callers keep their plain
-log-softmax for it.
+and reports the sampled token's log-prob under that distribution (`--logprobs-mode
+processed_logprobs`). A row's cut is its smallest kept logit (`threshold`) and how many tokens
+at exactly that logit are kept. Greedy sampling (temperature 0) applies no top-p in vLLM;
+top_p >= 1 is never cut here. vLLM's rule, its Triton kernel, ties and why a target at the
+threshold counts as kept: docs/design.md, "vLLM's top-p nucleus".
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target", type=Path)
     args = parser.parse_args(argv)
     # `vime convert` passes the object inline, so that the command its --dry-run prints works
-    # as it stands (a temporary file would be gone by then; issue 17)
+    # as it stands (a temporary file is gone by the time a user runs it)
     config = json.loads(args.arch if args.arch.lstrip().startswith("{")
                         else Path(args.arch).read_text())
     arch = arch_from_config(config)

@@ -1,42 +1,12 @@
-"""MoE experts as grouped GEMMs (`torch._grouped_mm`), without Transformer Engine (issue 19).
+"""MoE experts as grouped GEMMs (`torch._grouped_mm`), without Transformer Engine.
 
-megatron-core's local layer spec runs its experts as SequentialMLP: one GEMM per expert per
-projection, so a layer of 128 experts launches ~384 GEMMs forward and ~768 backward, and the
-step is bound by the host launching them (docs/gpu-runs.md). `GroupedMLP` computes the same
-thing with three grouped GEMMs per projection (forward; input and weight gradients), in place
-of SequentialMLP in the MoE layer spec; megatron-core's router and token dispatcher are
-unchanged: it takes what SequentialMLP takes, `(permuted tokens [T, h], tokens_per_expert [E],
-permuted_probs [T])` with the tokens sorted by local expert, and returns `(output, None)`.
-
-Design: the parameters stay SequentialMLP's. `GroupedMLP` subclasses SequentialMLP and keeps
-its constructor, so the module tree, the parameter names (`local_experts.{i}.linear_fc1.
-weight`, `...linear_fc2.weight`), their etp shards, attributes (`allreduce`, expert-parallel
-marks), initialisation and `sharded_state_dict` are megatron-core's own, untouched: the HF
-mapping (mapping.py), the sharded gather for export (shards.py), `vime convert`, torch_dist
-checkpoints of either path and the distributed optimizer see no difference, and a checkpoint
-saved with one path loads in the other. Only `forward` differs. The price is a copy: every
-forward stacks the local experts' fc1 and fc2 weights into one [E, out, in] tensor per
-projection, and every backward stacks them again rather than keeping the stacked copy alive
-from forward to backward (for Qwen3-30B-A3B at ep 1 that copy is 1.2 GB per layer, 58 GB over
-48 layers if it were kept). The copy reads and writes the weights once, a memory-bound pass,
-against the GEMMs' 2·T·top_k·(3·h·f) FLOPs; measured on the CPU in
-benchmarks/gpu/grouped_experts_bench.py and to be measured on the H200 (docs/gpu-runs.md).
-Holding stacked parameters instead would save the copy but change the parameter names, the
-dist-checkpoint layout and the mapping, which the issue asks to keep.
-
-Numerics: per expert, the same operations in the same dtypes as megatron-core's MLP on its
-unfused path (fc1, the GLU `act(gate) * (up + glu_linear_offset)` with the optional clamp,
-times the routing prob, cast back, fc2); the GEMMs themselves differ in blocking, so outputs
-and gradients equal SequentialMLP's within bf16 rounding, not bit for bit
-(tests/oracle/test_megatron_grouped_experts.py).
-
-`torch._grouped_mm` wants bf16, strides that are multiples of 16 bytes (so hidden, the local
-fc1 width 2·f/etp and f/etp multiples of 8), and a contiguous upstream gradient (its
-backward's "Invalid strides/sizes, got [0, 0]" otherwise). Our backward makes the gradient
-contiguous, zeroes the weight gradient of experts that got no token (kernels on other
-architectures than Hopper have left garbage there: pytorch/pytorch#172439), and never calls
-the op with zero rows. `unsupported_reason` says when a config cannot take this path;
-runtime/megatron/model.py then builds SequentialMLP and says why.
+`GroupedMLP` replaces megatron-core's SequentialMLP (one GEMM per expert per projection) in
+the local layer spec with three grouped GEMMs per projection; it subclasses SequentialMLP and
+changes only `forward`, so parameter names, shards and checkpoints are megatron-core's.
+Outputs and gradients equal SequentialMLP's within bf16 rounding
+(tests/oracle/test_megatron_grouped_experts.py). `unsupported_reason` says when a config
+cannot take this path; runtime/megatron/model.py then builds SequentialMLP and says why.
+The design, its cost and the kernel's constraints: docs/design.md, "Grouped-GEMM experts".
 """
 
 from __future__ import annotations

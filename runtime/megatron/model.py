@@ -3,23 +3,10 @@
 (QKV bias, partial rotary, shared experts) families (`_family_args`).
 
 Two layer specs (`choose_transformer_impl`, the spec's train.transformer_impl):
-- "transformer_engine": megatron-core's Transformer Engine spec as it is (TE attention, the
-  norms fused into the QKV and FC1 linears, TEGroupedMLP for the experts: the config needs
-  moe_grouped_gemm). Its parameter names differ (`linear_qkv.layer_norm_weight`,
-  `experts.linear_fc1.weight{i}`); runtime/megatron/shards.py gives them the local names, so
-  the HF mapping, weight export and routing replay are the same for both. megatron-core keys
-  torch_dist checkpoints of the two alike but for an MoE layer's pre-MLP norm, which
-  runtime/megatron/torch_dist.py aligns on load.
-- "local" (no Transformer Engine needed), with two replacements:
-- the core attention is torch's scaled_dot_product_attention: the local DotProductAttention
-  materialises the [s, s] score matrix, which no real run can afford (shared/reference/
-  megatron.md, observed on H200);
-- the norms are an RMSNorm that allows sequence parallelism (megatron-core's torch norm
-  refuses it, and megatron-core refuses to train MoE with tensor parallelism without it):
-  the weights are marked `sequence_parallel`, so that finalize_model_grads sums their
-  gradients over the tensor group, as it does for Transformer Engine's norms.
-and the MoE experts are runtime/megatron/grouped_experts.py's GroupedMLP (grouped GEMMs, the
-same parameters as SequentialMLP) wherever torch's grouped GEMM works: see `choose_experts`.
+"transformer_engine", megatron-core's TE spec as it is, and "local", with torch's
+scaled_dot_product_attention, an RMSNorm that allows sequence parallelism, and
+runtime/megatron/grouped_experts.py's GroupedMLP where torch's grouped GEMM works
+(`choose_experts`). What each spec changes and why: docs/design.md, "Building the GPTModel".
 """
 
 from __future__ import annotations
@@ -281,9 +268,9 @@ def transformer_config(arch: Arch, recompute: str = "none", **overrides):
         hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16, attention_softmax_in_fp32=True,
         # alltoall for dense models too: TransformerConfig refuses its default (allgather)
-        # with variable_seq_lengths whether or not there are experts (issue 16: a dense
-        # Qwen3 failed at init with "Token dispatcher type: allgather does not support
-        # variable sequence length"); a dense model builds no dispatcher
+        # with variable_seq_lengths whether or not there are experts ("Token dispatcher type:
+        # allgather does not support variable sequence length",
+        # tests/runtime/test_megatron_dense.py); a dense model builds no dispatcher
         variable_seq_lengths=True, moe_token_dispatcher_type="alltoall", **moe,
         **recompute_args)
     kwargs.update(_family_args(arch))

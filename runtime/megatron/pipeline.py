@@ -1,29 +1,12 @@
 """Micro-batches through megatron-core's pipeline schedule, with vime's loss head and GRPO loss
-on the last stage (issue 21; not yet called by the backend, which refuses pp > 1: V905).
+on the last stage (the backend does not call it: it refuses pp > 1, V905).
 
-megatron-core's schedule (pipeline_parallel.get_forward_backward_func: 1F1B without
-interleaving for pp > 1, a plain loop for pp = 1) calls `forward_step_func(data_iterator,
-model)` once per micro-batch on every stage and expects `(output, loss_func)`. The first stage
-embeds the micro-batch's tokens, the others get the previous stage's hidden states through
-set_input_tensor; on every stage but the last the output is sent on. On the last stage the
-model's output_processor gives the final hidden states and the output weight, and `loss_func`
-turns them into log-probs and entropies (runtime/core/loss_head.py, a chunk of tokens at a time)
-and, for a training pass, into runtime/core/algorithm.py's GRPO loss. What `loss_func` returns
-third is kept by the schedule, one dict per micro-batch, and returned on the last stage only:
-here the log-probs, entropies, mask and loss statistics of the micro-batch.
-
-The loss is returned with its token count as the third pattern megatron-core knows (loss,
-num_tokens, kept): with calculate_per_token_loss the schedule then leaves the loss as it is,
-already divided by the step's response tokens (algorithm.policy_loss's normalizer), as at
-pp = 1. Both settings are checked, since the schedule would otherwise divide silently
-(schedules.forward_step_calc_loss).
-
-Seen on the CPU only (tests/runtime/test_megatron_pipeline.py, megatron-core 0.19.2, gloo,
-fp32): there the schedule needs a test-side stand-in for CUDA, described in that test; nothing
-here depends on it. Not yet handled: context parallelism (the last stage picks the responses
-from the whole sequence; under cp the backend gathers each rank's terms first, its
-_response_terms) and routing replay (each stage would replay its own layers' routes).
-docs/runtime.md says what remains for the GPU run.
+`forward_step_func(data_iterator, model)` is what megatron-core's schedule
+(pipeline_parallel.get_forward_backward_func) calls per micro-batch on every stage; on the
+last stage its `loss_func` makes log-probs and entropies (runtime/core/loss_head.py) and the
+GRPO loss (runtime/core/algorithm.py). Run on the CPU only
+(tests/runtime/test_megatron_pipeline.py). The schedule's contract, the loss's normalisation
+and what is not handled (cp, routing replay): docs/design.md, "The pipeline schedule".
 """
 
 from __future__ import annotations

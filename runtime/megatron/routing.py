@@ -1,26 +1,11 @@
 """Rollout routing replay (R3): the experts vLLM chose, laid out as Megatron's routers see tokens.
 
-vLLM returns, per sample, `routed_experts` of shape [seq_len - 1, moe_layers, top_k] (logical
-expert ids, uint8 or uint16; shared/reference/vllm.md §5.6): one row per token it fed forward,
-so the last token of the sample has none; `moe_layer_routes` keeps the MoE layers' columns
-of a model whose first layers are dense. megatron-core replays routes through
-`RouterReplay.set_replay_data(list of [local_tokens, top_k] tensors, one per MoE layer)`
-(megatron/core/transformer/moe/router_replay.py), where a rank's local tokens are those its
-router sees. Two layouts of the samples:
-
-- `batch_routes`: the Megatron backend's padded micro-batches, several samples right-padded to
-  one [n, width] batch, which a router sees position-major (see there);
-- `packed_routes`: the Megatron backend's packed micro-batches, the samples one after another
-  in one row (THD), padded at the end only;
-- `local_routes`: samples packed one after another (THD), each padded to a multiple of
-  `pad_multiple` (benchmarks/gpu/routing_replay.py).
-
-In both, context parallelism splits every sample into 2 × cp chunks and gives rank r chunks r
-and 2·cp − 1 − r (load-balanced causal attention); sequence parallelism then splits the rank's
-tokens into tp contiguous slices.
-
-The last token of a sample and the padding get a copy of the sample's last known route: their
-outputs never reach the loss (causal attention, masked logits), they only need valid ids.
+vLLM returns, per sample, `routed_experts` [seq_len - 1, moe_layers, top_k];
+megatron-core replays routes through `RouterReplay.set_replay_data` (one [local_tokens, top_k]
+tensor per MoE layer, megatron/core/transformer/moe/router_replay.py). `batch_routes` (padded
+micro-batches), `packed_routes` (packed ones) and `local_routes` (benchmarks/gpu/routing_replay.py)
+lay a rank's routes out under context and sequence parallelism; `moe_layer_routes` keeps the
+MoE layers' columns. The layouts and the padding's routes: docs/design.md, "Rollout routing replay".
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Full Megatron tensors (the names and shapes of runtime/megatron/mapping.py, tp = ep = 1)
 <-> the pieces one rank holds under its tensor/expert parallel layout.
 
-The layout is read from megatron-core itself: `GPTModel.sharded_state_dict()` describes every
-piece a rank holds as a ShardedTensor (global shape, offset, replica id), the same
-description dist-checkpointing uses to reshard a torch_dist checkpoint. Its keys are the
-checkpoint's canonical names (for example `mlp.experts.experts.linear_fc1.weight` with a
-leading expert axis); vime maps each piece back to the parameter it views, so that the
-names stay those of `model.state_dict()` at tp = ep = 1. Two things follow from reading
-megatron-core rather than restating its rules:
-- gate|up (fc1) under tensor parallelism is two pieces per rank (the swiglu factory of
-  megatron/core/transformer/mlp.py: rank r holds gate rows r and up rows r), handled like
-  any other piece;
-- an expert's global index is the piece's offset on the expert axis, so expert parallelism
-  needs no arithmetic of our own.
-
-`fill` writes a rank's pieces from full tensors (loading HF weights under any layout);
-`gather` rebuilds full tensors on every rank (exporting weights to the rollout engines): each
-piece is written by its main replica into zeros and summed over all ranks, which is exact
-(x + 0 = x) and needs no knowledge of the groups. It moves the whole model through one
-all-reduce per bucket; an all-gather per group would move less (left for when it matters).
+The layout is read from megatron-core itself (`GPTModel.sharded_state_dict()`, the
+description dist-checkpointing reshards by). `fill` writes a rank's pieces from full tensors
+(loading HF weights under any layout); `gather` rebuilds full tensors on every rank (exporting
+weights to the rollout engines). How pieces map to parameters and why the gather is a sum:
+docs/design.md, "Full tensors and a rank's pieces".
 """
 
 from __future__ import annotations
@@ -100,7 +87,7 @@ def pieces(gpt) -> list[Piece]:
             # tied embeddings under pp > 1: the last stage's copy of the first stage's
             # embedding, keyed by it as a non-main replica (megatron-core's
             # tie_embeddings_and_output_weights_state_dict); a tied model has no output_layer
-            # tensor of its own (issue 21, tests/runtime/test_megatron_pipeline.py)
+            # tensor of its own (tests/runtime/test_megatron_pipeline.py)
             name = _EMBEDDING
         prepend = entry.prepend_axis_num
         if prepend:  # experts: the offset on the leading axis is the global expert index

@@ -1,4 +1,4 @@
-"""torch_dist checkpoints read by either layer spec (issue 19, item 2).
+"""torch_dist checkpoints read by either layer spec (local or Transformer Engine).
 
 megatron-core keys most weights of its local and Transformer Engine layer specs alike: the
 local spec saves its norms under TE's fused names (its sharded_state_dict_keys_map). Not an

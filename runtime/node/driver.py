@@ -161,7 +161,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     config = JobConfig.from_job(plan, resolved_toml, job_dir)
     checkpoints = checkpoints_of(config)
     for kind, name in (("training", config.train_backend), ("rollout", config.rollout_backend)):
-        backends.reference(kind, name)  # fails now, with the issue number, if not written yet
+        backends.reference(kind, name)  # an unknown backend fails here, before any model loads
     load_reward = reward_loader(config)
     reward_fn = load_reward(config.reward)
     rollout_fn = rollout_function(config)

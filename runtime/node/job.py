@@ -1,45 +1,13 @@
 """What every node of a vime job runs: bring up Ray, run the driver on the head, tear down.
 
 One task per node (Slurm: one srun task per node, started by submitit's job runner from
-job.sbatch; `vime submit --local`: one process per node on this machine):
+job.sbatch; `vime submit --local`: one process per node on this machine). Node 0 checks the
+inputs (runtime/node/preflight.py), starts the Ray head and publishes its address in the job
+folder; the other nodes join; the head runs the driver, `run(plan, resolved_toml, job_dir,
+resume)` (runtime/node/driver.py, or launch.json's "driver"), then every node stops its own Ray.
 
-- node 0 checks what the default driver would stop on after Ray's start-up (the prompt file,
-  a module:function reward: runtime/node/preflight.py); a job that cannot run ends there;
-- node 0 starts the Ray head (`ray start --head --block`, ports from vime.launch.ports, a
-  short per-job temp dir, the node's LAN address) and publishes `<ip>:<port>` in the job
-  folder (`ray_address`, and `ray/head.json` with the attempt number);
-- the other nodes wait for that file, then join with `ray start --address=... --block`;
-- the head waits until the cluster shows nodes × gpus_per_node GPUs, each node's counted by a
-  custom resource `vime_node_<i>`. After cluster.ray.startup_timeout_s it fails, naming the
-  nodes that never joined and their logs; a node whose `ray start` dies fails it at once;
-- the head runs the driver, then writes `ray/done-<attempt>`; every node stops its own Ray
-  (runtime.node.ray_bootstrap.RayNode.stop: never `ray stop`), the workers first.
-
-The driver contract (runtime/node/driver.py):
-
-    def run(plan: dict, resolved_toml: str, job_dir: pathlib.Path, resume: bool) -> None
-
-called positionally on the head node once every GPU has joined. `plan` is plan.json, the
-`vime plan --json` object; `resolved_toml` the text of resolved.toml; `job_dir` the job folder
-(logs, checkpoints and progress go there); `resume` is true when this is a requeued or
-restarted attempt of the job (resume from the last checkpoint). The driver is not connected
-to Ray: RAY_ADDRESS holds the job's cluster, so `ray.init()` or `ray.init(address="auto")`
-connects to it and to no other job's. [cluster.env] is in os.environ, as on every node.
-An exception fails the job (its traceback is in logs/node-0.log and outcome.json).
-Which driver: launch.json's "driver", `module:function` or `/path/file.py:function`, taken
-from VIME_DRIVER when the job was submitted (default runtime.node.driver:run).
-
-While the driver runs, a watch thread checks the head's `ray start --head --block` every
-RAY_WATCH_S: it exits as soon as its GCS or raylet dies. The job's outcome then says so
-(failed, with the reason and the Ray log); the driver gets RAY_LOST_GRACE_S to fail by itself,
-after which the node tears down and exits (a driver's Ray client otherwise retries the GCS
-for 60 s and fails with no reason).
-
-Signals: SIGTERM (scancel, the end of the job) stops this node's Ray and exits. USR2, sent
-120 s before the time limit (or by `scancel --signal=USR2`), goes to submitit's handler on
-the head: it calls SlurmEntry.checkpoint (a resubmission with resume=True) and requeues the
-job with `scontrol requeue`; the next attempt runs with resume=True.
-
+The steps, the driver contract, the watch on the head's Ray, signals and requeue:
+docs/design.md, "A job's nodes".
 Test hook: VIME_TEST_NO_JOIN="1,2" makes those nodes never start Ray (a node that cannot join).
 """
 

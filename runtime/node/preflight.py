@@ -2,28 +2,11 @@
 Ray starts: otherwise a missing prompt file is found after the queue wait and Ray's start-up
 (tests/launch/test_start.py).
 
-- data.prompt_data must be a file the head can open: on Slurm the path may exist only on the
-  cluster, so `vime submit` cannot check it, and `--local` checks it before the job with the
-  same message (vime/cli.py calls prompt_data_problem).
-- a "module:function" rollout.reward must import: compile only looks for it without running
-  code (V907, a warning: the module may be installed on the cluster only). Imported here, in
-  the head's own process, where the driver imports it anyway (runtime/rl/rewards.py): the
-  same module a little earlier, with the driver's own message. A misspelt built-in name is
-  V906 at compile time and never reaches a job. The same for rollout.function (V930), which
-  must also be an `async def`.
-- the same for each [[eval.datasets]] table's prompt_data and reward, and for
-  rollout.dynamic_sampling_filter when dynamic sampling is on.
-
-- the checkpoint folder (model.save, else <experiment>/checkpoints) must be writable, with
-  room for a save as large as the newest one there: a read-only model.save failed only at the
-  first save, checkpoint.save_interval rollouts in.
-
-Another driver (VIME_DRIVER) may read no prompts and no reward: nothing is checked then.
-
-Whatever the driver, the head's log gets one line of the packages installed on it with their
-versions (vime/doctor.py, read from package metadata, nothing imported), and a line in
-capitals for a logger the spec turns on whose package is missing there: the metrics logger
-goes on without it (runtime/rl/metrics.py).
+Checked: data.prompt_data (and each [[eval.datasets]] table's) opens, a "module:function"
+reward, rollout.function and dynamic-sampling filter import, and the checkpoint folder is
+writable with room for a save. Another driver (VIME_DRIVER) gets no checks. Whatever the
+driver, the head's log gets one line of the installed packages (vime/doctor.py).
+Each check and why it runs here: docs/design.md, "The head node's checks before Ray".
 """
 
 from __future__ import annotations

@@ -4,34 +4,11 @@
                                      vime_checkpoint.json
     <save dir>/latest                "rollout_000019"
     <save dir>/hf/rollout_000019/    model.safetensors, config.json, tokenizer files
-                                     (checkpoint.save_hf_interval; `save_hf`)
 
-A checkpoint is written into `.partial-rollout_000019-<random>/`, every file flushed to
-disk, and then renamed into place (a rename within a folder is atomic on POSIX file
-systems, NFS and Lustre included); `latest` is replaced the same way afterwards. A crash at
-any moment therefore leaves either the previous checkpoint or the new one, never a half
-one: readers ignore `.partial-*` folders, and the next save removes them.
-
-state.json holds what the driver restores: the next rollout index, the weight version, the
-prompt sampler's position; the backends' files hold the model, optimizer and RNG states;
-vime_checkpoint.json records the architecture, backend and layout that wrote them, which `vime
-plan` compares with the spec of the run that would resume (vime/run_checkpoint.py: V708, V709).
-The save folder is model.save, else <output_dir>/<experiment.name>/checkpoints (shared by
-every job of the experiment); resuming reads model.load, else the save folder.
-
-What a checkpoint guarantees (docs/runtime.md, "What survives a fault"):
-
-- state.json lists every file of the checkpoint with its size and sha256, read back from
-  disk after the backends wrote them; a save is checked against that list before it is
-  renamed into place, and a resume checks it again before loading (`verify`).
-- A save is two steps: `prepare` writes and checks `.partial-*`, `commit` renames it and
-  moves `latest`. The loop logs the rollout's metrics line between them, so a checkpoint
-  never covers a rollout whose line is missing.
-- A `.partial-*` folder carries its writer's pid and host in its name; only a writer on
-  this host that is gone has its folder removed, never a save in progress of another job.
-- Free space is checked before each save against the previous save's size; a full disk is
-  said as "No space left on device" with the folder; checkpoint.keep_last bounds how many
-  checkpoints stay.
+A checkpoint is written into `.partial-rollout_000019-<random>/`, checked (`prepare`), then
+renamed into place and `latest` moved (`commit`); a resume checks it again (`verify`). What
+each file holds and what a checkpoint guarantees: docs/design.md, "Checkpoints";
+docs/runtime.md, "What survives a fault".
 """
 
 from __future__ import annotations

@@ -1,40 +1,13 @@
 """Rewards: built-in math verifiers and `module:function` custom rewards (rollout.reward).
 
-A reward is called once per sample with keyword arguments
+A reward is called once per sample, `reward(prompt: str, response: str, label) -> float |
+dict` (or `async def`; an http(s) URL scores in batches on a reward server,
+runtime/rl/reward_server.py). Built-in names: deepscaler, dapo, math. `RewardCaller` checks
+every result (a finite score, no exception, within rollout.reward_timeout_s); the loop calls
+it once per sample.
 
-    reward(prompt: str, response: str, label) -> float | dict     (or `async def`)
-
-(and metadata=, the row's data.metadata_keys, when the spec names any and the reward takes a
-`metadata` argument or **kwargs). An http(s) URL
-scores the rollout's samples in batches on a reward server (runtime/rl/reward_server.py).
-
-`prompt` is the prompt text as sent (after the chat template), `response` the decoded
-response (special tokens removed), `label` the JSONL label as read. A dict must hold
-"score" (the number GRPO optimises); its other numeric entries are averaged per rollout and
-logged as reward/<key> (for example "acc").
-
-Built-in names:
-
-    deepscaler   the last \\boxed{...} (or \\fbox{...}) of the response, compared with the
-                 label (itself boxed or not) after math normalisation: 1.0 or 0.0. When the
-                 response has a </think>, only the text after the last one counts; a
-                 response that opened <think> and never closed it scores 0 (the reasoning
-                 was cut off), as in DeepScaleR's reward.
-    dapo         the last "Answer: ..." line (DAPO-Math-17k's format), compared after
-                 normalisation: {"score": 1.0 or -1.0, "acc": 1.0 or 0.0}, as DAPO's own
-                 verifier scores it.
-    math         either format: the last \\boxed{} if any, else the last "Answer:" line;
-                 1.0 or 0.0.
-
-A reward's result is checked: a score that is not a finite number (a string such as "0.5",
-None, NaN, inf) stops the rollout before anything is trained or saved, naming the reward
-function and the sample; so does an exception raised by the reward, or a call that takes
-longer than rollout.reward_timeout_s (a call slower than a tenth of it is reported once per
-rollout). `RewardCaller` does all this; the loop calls it once per sample.
-
-Numbers are compared by value when both sides parse as numbers (integers, decimals,
-fractions such as \\frac{1}{2}, 1/2, thousands separators, percent signs); everything else
-after normalisation as strings.
+The arguments, the built-in verifiers and how answers are compared: docs/design.md, "Rewards";
+the user's view: docs/runtime.md, "Rewards".
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """An engine of several vLLM data-parallel ranks: one host process per rank.
 
-vLLM 0.33 runs offline data parallelism as one `LLM` per DP rank, each in its own process
-with VLLM_DP_RANK / VLLM_DP_SIZE / VLLM_DP_MASTER_IP / VLLM_DP_MASTER_PORT set
-(`LLM(data_parallel_size > 1)` raises outside external_launcher, vllm/entrypoints/llm.py;
-the pattern of examples/offline_inference/data_parallel.py). The ranks of a MoE engine are
-one expert-parallel group and step together: each rank's generate loop all-reduces "anything
-unfinished?" over the DP group, and a rank with nothing left runs dummy batches while the
-others work (vllm/v1/engine/llm_engine.py, has_unfinished_requests_dp). A rank that is not
-in a generate call at all is missing from that all-reduce and the others hang, so, as in
-vLLM's example, a rank without requests gets a placeholder (here a copy of the first
-request, its output dropped).
-
 `DataParallelEngine` is the backend of an engine's host actor when the engine has dp > 1
-(runtime/workers/host.py, RolloutWorker.start). It starts one Ray actor per rank, each a
-RolloutWorker holding the engine's real backend and started with its rank's slice
-(EngineSlice.for_dp_rank), placed on the rank's first bundle of the host's placement group
-with child-task capture (vLLM's Ray executor puts the rank's TP workers on its other
-bundles, runtime/backends/vllm_rollout.py `launch`). Rank 0 comes first: its node's address
-and a free port are the DP master the others are started with; then every rank starts at
-once (vLLM's DP group forms while the LLMs start).
+(runtime/workers/host.py, RolloutWorker.start): one Ray actor per rank, each a RolloutWorker
+with the engine's real backend and its rank's slice (vLLM 0.33 runs offline data parallelism
+as one `LLM` per DP rank, vllm/entrypoints/llm.py). generate splits the requests over the
+ranks, and a rank without requests gets a placeholder (the ranks of a MoE engine step
+together); everything else goes to every rank.
 
-- generate: the requests split evenly and in order over the ranks, called concurrently;
-- everything else (weights, versions, sleep and wake, fingerprints, the weight-transfer
-  steps) goes to every rank concurrently. All ranks of an engine join one NCCL transfer at
-  the engine's rank offset (vLLM adds dp_index x TP to it), so they get the same payload.
-- Health: to the supervisor (runtime/workers/supervisor.py) the engine is its host. A rank that died
-  makes the host exit, as a vLLM host exits when one of its workers dies, so the supervisor
-  sees the engine die and restarts it; the ranks, owned by the host, die with it (Ray's
-  fate sharing) and the replacement starts new ones on the same bundles.
+Why, placement, start order and health: docs/design.md, "Engines of several data-parallel ranks".
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """Rollout engines under watch: health checks, restarts, retried requests.
 
 `SupervisedRollout` is a `RolloutGroup` (runtime/workers/groups.py) whose calls survive an engine
-dying. An engine is unhealthy when
-
-- a call to it fails because its actor is gone (Ray raises `RayActorError`: the process
-  died, the node was lost, or someone `ray.kill`ed it; a vLLM engine whose worker dies
-  takes its host down with it, vLLM's executor failure callback);
-- it does not answer `ping` within `health_timeout_s` before a generation (a hung engine);
-- a generation has not returned after `generate_timeout_s` (a hang during the call: a
-  busy Ray actor cannot answer a ping, so the deadline is the check).
-
-A weight push that fails (the training ranks call the engines: the error comes back as the
-training rank's) is followed by a health check: the engines found dead are replaced as
-above and the push is made again to all of them; a failure with every engine healthy is the
-push's own and is raised as it is.
-
-Such an engine is killed and replaced: a fresh actor on the same placement-group bundle,
-started with the same EngineSlice (`make_engine`), then given the weights of the current
-version by the actor (`restore_weights`, passed in by the driver: `TrainGroup.push_weights`
-to a group of just the new engine, which checks the version it reports). Its share of the
-requests is then sent again; requests carry their own seeds, so a retried sample is the
-sample the dead engine would have returned. Each engine may be replaced `max_restarts`
-times in a run (MAX_RESTARTS = 3 by default, a constant and not a spec key); the next death
-ends the run with `EngineFailed`, naming the engine, its node(s) and what was seen.
+dying: an engine whose actor is gone, that does not answer `ping` within `health_timeout_s`,
+or whose generation passes `generate_timeout_s` is killed and replaced on the same bundle,
+given the current weights, and sent its share of the requests again (their seeds make the
+retried samples the same). Each engine may be replaced `max_restarts` times (MAX_RESTARTS);
+the next death raises `EngineFailed`. When an engine counts as unhealthy, weight pushes that
+fail, and the replacement: docs/design.md, "Rollout engines under watch".
 """
 
 from __future__ import annotations

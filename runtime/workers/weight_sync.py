@@ -1,25 +1,11 @@
 """Which way a weight sync travels, and which actor ranks take part.
 
-Two paths from the actor to the engines:
-
-- "nccl" / "ipc": vLLM's weight-transfer engine (runtime/backends/vllm_weights.py), for vLLM
-  engines started with that transfer backend (runtime/backends/vllm_rollout.py,
-  `weight_transfer_backend`). vLLM's trainer engines make the actor's rank 0 the only one
-  that calls the engines (`TrainerInitInfo.is_sender`); every rank still iterates its
-  export, since the Megatron backend's export is a collective gather.
-  * NCCL: rank 0 broadcasts to one group of itself and every worker of every engine; the
-    rendezvous is on rank 0's node, engine i's workers start at rank 1 + the worker counts
-    of the engines before it. Only rank 0's tensors travel.
-  * IPC: each rank shares its copies with the engine worker on its own GPU; rank 0 ships the
-    handles of all ranks, merged by position (vLLM's IPCTrainerWeightTransferEngine), so
-    every rank must hold every tensor.
-- "collective_rpc", the fallback: every rank sends the buckets its export yields through Ray
-  to each engine's `update_weights` (the torch engines, an actor not on CUDA, IPC when a rank
-  holds only part of the weights or shares the engine's process, any other transfer
-  backend).
-
-`route` decides from what the engines and the ranks report; it is pure, and tested without
-vLLM (tests/runtime/test_weight_sync.py).
+Two paths from the actor to the engines: "nccl" / "ipc", vLLM's weight-transfer engine
+(runtime/backends/vllm_weights.py), where the actor's rank 0 is the only one that calls the
+engines; and "collective_rpc", the fallback, where every rank sends its export's buckets
+through Ray to each engine's `update_weights`. `route` decides from what the engines and the
+ranks report; it is pure, and tested without vLLM (tests/runtime/test_weight_sync.py).
+Each path's ranks and rendezvous: docs/design.md, "Which way a weight sync travels".
 """
 
 from __future__ import annotations

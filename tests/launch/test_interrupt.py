@@ -112,8 +112,8 @@ def test_no_process_of_the_job_outlives_its_launcher(tmp_path, how):
     os.kill(launcher.pid, getattr(signal, how))
     launcher.wait(timeout=STOPPED_WITHIN_S)
     # SIGKILL: the node process gets SIGINT from the kernel (PR_SET_PDEATHSIG) and stops its Ray:
-    # 2 s here (8 runs of 8), once over 30 s in a .ci/run of 2026-12-01 (what outlived it was
-    # not recorded then: the message now says)
+    # 2 s here (8 runs of 8), once over 30 s in a .ci/run of 2026-12-01; the failure message
+    # names what outlived the stop
     try:
         wait_until(lambda: _gone(folder), 60, f"the job's processes to end after {how}")
     except AssertionError as error:

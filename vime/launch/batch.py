@@ -55,7 +55,7 @@ def write_job_folder(build: Path, job_id: str) -> Path:
 
     compiled_from = json.loads((build / "plan.json").read_text()).get("spec") or ""
     # the spec's relative paths, from where `vime compile` read them (relative to the folder it
-    # ran in, which is where sbatch runs now), else from here (vime/launch/paths.py)
+    # ran in, which is where sbatch runs), else from here (vime/launch/paths.py)
     spec_dir = (Path.cwd() / compiled_from).parent if compiled_from else Path.cwd()
     name = str(build / "resolved.toml")
     text = (build / "resolved.toml").read_text()

@@ -1,22 +1,11 @@
 """One job at a time per experiment: `<experiment folder>/lock.json` names the job that holds it.
 
 Two jobs of one experiment share its checkpoint folder: each would resume from, overwrite and
-clean up the other's saves. So `vime submit` takes the lock before the job starts and says
-who holds it when it cannot:
-
-    --local, --ray-address   the launcher process (host, pid and the pid's start time);
-                             released when the launcher returns
-    Slurm                    the job id, taken at submission and kept through requeues;
-                             released by the head node when the job ends (runtime/node/job.py)
-
-A holder that died without releasing is stale and its lock is taken over: a local holder
-whose pid on this host is gone (or now another process: the start time differs), a Slurm
-holder whose job Slurm reports finished. A holder on another host, or a Slurm job asked from
-a machine without Slurm, cannot be checked and is kept; the message says which file to
-remove when that job is known to be gone.
-
-The file is created by link(2) of a complete temporary file, which fails when the lock
-exists, atomically on local file systems and NFS alike.
+clean up the other's saves. So `vime submit` takes the lock before the job starts (a local
+launcher's pid, or a Slurm job id) and says who holds it when it cannot; a holder that died
+without releasing is stale and its lock is taken over. The file is created by link(2) of a
+complete temporary file, atomic on local file systems and NFS alike. Holders, release and
+staleness: docs/design.md, "One job at a time per experiment".
 """
 
 from __future__ import annotations

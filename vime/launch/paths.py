@@ -1,22 +1,11 @@
 """The spec's paths made absolute for a submitted job.
 
 `vime compile` writes the paths as the user wrote them, so that a build folder (and the
-goldens in tests/golden/) is the same on every machine. A submitted job runs elsewhere: on
-Slurm in the experiment folder on another node, with another working folder. So `vime
-submit` writes its job folder's resolved.toml, megatron.args and vllm.args with every
-relative path made absolute, from the folder it was relative to:
-
-  data.prompt_data, eval.datasets[].prompt_data, model.hf_checkpoint,
-  model.torch_dist_checkpoint, model.load, model.save
-      the spec's folder, as the compiler reads config.json; a path found only in the folder
-      vime runs in is taken from there, as the runtime did for `--local`
-      (runtime/core/slices.py, _path). model.hf_checkpoint only when it exists here: otherwise
-      it may be a Hugging Face model id, which vLLM resolves itself.
-  experiment.output_dir
-      the folder vime runs in: the job folder is made there (submit.experiment_dir).
-
-logging.tensorboard_dir stays as written: the runtime reads a relative one from the job
-folder, wherever the job runs.
+goldens in tests/golden/) is the same on every machine. A submitted job runs elsewhere, so
+`vime submit` writes its job folder's resolved.toml, megatron.args and vllm.args with every
+relative path made absolute, from the folder it was relative to (the spec's folder for data
+and model paths, the folder vime runs in for experiment.output_dir). Which path is taken
+from where: docs/design.md, "The spec's paths in a submitted job".
 """
 
 from __future__ import annotations

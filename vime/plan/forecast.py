@@ -1,25 +1,10 @@
 """A step-time forecast per rollout: generate, log-probs, train, weight sync and overhead, from
 the spec's batch and lengths and a small model of each phase calibrated on one H200.
 
-Every sample is taken at max_prompt_len + max_response_len (an upper bound; a policy that
-stops early generates less). The phases, per rollout:
-
-- generate: vLLM decodes max_response_len steps per wave of sequences; a step costs a base and
-  a cost per running sequence that grows with the layers (per-sequence work outweighs the
-  arithmetic at these sizes: 256 sequences of a 4-layer slice take 17.6 ms a step).
-- log-probs and train: the forward FLOPs of the rollout's tokens (2 × the active parameters
-  without the input embedding, plus causal attention), split over the actor's GPUs, at the
-  rates measured; training is 3 × the forward plus an optimizer step per parameter.
-- weight sync: the bf16 weights an engine GPU holds, at the push's measured rate.
-- overhead: taking turns, the actor's kept state (weights and optimizer, not the gradients)
-  copied out and back at the pinned rate, and the engines' sleep and wake; both modes, the
-  rest of the loop (rewards, batches).
-
-Calibration: docs/data/h200-step-breakdown-*-2026-12-02.json (a 4-layer Qwen3-30B-A3B slice,
-32 × 8 and 16 × 8 samples of 1,024 tokens, both modes; docs/gpu-runs.md) and the 48-layer
-rollout benchmark of docs/data/h200-vllm-rollout-2026-12-01.json (512 × 1,024). A spec of that
-slice's shape on one H200 is forecast from its own measurements (● in `vime plan`); any other is
-the model's extrapolation (○). docs/forecast.md has the derivation.
+Every sample is taken at max_prompt_len + max_response_len (an upper bound). A spec of the
+calibration slice's shape on one H200 is forecast from its own measurements (● in `vime
+plan`); any other is the model's extrapolation (○). Each phase's model and its calibration
+data: docs/design.md, "The step-time forecast"; the derivation: docs/forecast.md.
 """
 
 from __future__ import annotations

@@ -221,7 +221,8 @@ def _int(config: dict, key: str, default: int | None = None) -> int:
     if value < 0:
         raise ArchError(key, f"config.json {key!r} is {value}, expected ≥ 0")
     # config.json is not validated against the schema, so its bounds are applied here: the
-    # planner builds per-layer tables and searches divisors of these numbers (issue 17)
+    # planner builds per-layer tables and searches divisors of these numbers
+    # (benchmarks/RESULTS.md, "The largest cluster the schema admits")
     limit = (schema.node(("model", "arch", _SCHEMA_KEY.get(key, key))) or {}).get("maximum")
     if limit is not None and value > limit:
         raise ArchError(key, f"config.json {key!r} is {value}, more than vime plans (≤ {limit})")
