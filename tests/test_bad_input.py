@@ -136,7 +136,8 @@ def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt):
     # takes 4-11 s on these specs; columns take 0.2-0.9 s on a 2-core machine:
     # benchmarks/RESULTS.md, "The largest cluster the schema admits"), not a benchmark: it
     # bounds the CPU time of the `vime plan` process, which other work on a shared machine
-    # does not stretch as it does the wall time, and 3 s leaves room for a slower machine. benchmarks/plan_startup.py times it.
+    # does not stretch as it does the wall time. 4 s: the same tree took 2.8-3.3 s of CPU on a
+    # slower 2-core machine (2026-12-02); per-rank objects take 4 s or more. benchmarks/plan_startup.py times it.
     sets = [arg for item in LARGEST[case] for arg in ("--set", item)]
     argv = [sys.executable, "-m", "vime", "plan", "specs/qwen3_30b.toml", *sets]
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
@@ -145,7 +146,7 @@ def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt):
     wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert cpu < 3, f"vime plan took {cpu:.2f} s of CPU ({wall:.2f} s) on {case} ({fmt})"
+    assert cpu < 4, f"vime plan took {cpu:.2f} s of CPU ({wall:.2f} s) on {case} ({fmt})"
     if fmt == "json":  # the whole plan, not a shortened one
         assert b'"rank": 262143' in done.stdout and b'"node": 4095' in done.stdout
     else:
