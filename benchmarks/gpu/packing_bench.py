@@ -120,20 +120,10 @@ def cpu_backend(arch: dict, max_tokens: int):
             return {}
 
     assert parallel_state.model_parallel_is_initialized()
-    backend = object.__new__(OnTheCpu)
-    backend.slice = types.SimpleNamespace(
+    slice = types.SimpleNamespace(
         routing_replay=False, dynamic_batch=True, micro_batch_size=1,
         max_tokens_per_gpu=max_tokens, loss=LossConfig(), world_size=1, rank=0)
-    backend.model, backend.device = Call(), torch.device("cpu")
-    backend.tp = backend.cp = 1
-    backend.tp_rank = backend.cp_rank = 0
-    backend.arch, backend.config, backend.packed = parsed, config, True
-    backend.temperature, backend.top_p = 1.0, 1.0
-    backend.params = dict(gpt.named_parameters())
-    backend.ref, backend.offloaded = None, False
-    backend._route_counts = torch.zeros(2, dtype=torch.int64)
-    backend._counting_routes, backend._routed_rows = False, None
-    return backend
+    return OnTheCpu.over(Call(), gpt, parsed, config, slice, packed=True)
 
 
 def _with_budget(slice, tokens: int):

@@ -212,6 +212,30 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         if self.config.moe_enable_routing_replay:
             self._watch_replayed_routes()
 
+    @classmethod
+    def over(cls, model, gpt, arch, config, slice, *, packed: bool, temperature: float = 1.0,
+             top_p: float = 1.0, device: torch.device | None = None):
+        """A backend of one rank (tp = cp = 1) whose log-probs and train step run `model`, a
+        callable over `gpt` that this process built itself, with no process group, optimizer
+        or checkpoint: benchmarks and oracle tests compare its paths with the bare model.
+        `slice` needs the fields the compute paths read (routing_replay, dynamic_batch,
+        micro_batch_size, max_tokens_per_gpu, loss, world_size, rank); a subclass gives
+        _begin_step and _finish_step."""
+        backend = cls()
+        backend.slice, backend.model, backend.gpt = slice, model, gpt
+        backend.device = device or torch.device("cpu")
+        backend.tp = backend.cp = 1
+        backend.tp_rank = backend.cp_rank = 0
+        backend.arch, backend.config, backend.packed = arch, config, packed
+        backend.temperature, backend.top_p = temperature, top_p
+        backend.params = dict(gpt.named_parameters())
+        backend.ref = None
+        backend._route_counts = torch.zeros(2, dtype=torch.int64, device=backend.device)
+        backend._counting_routes, backend._routed_rows = False, None
+        if slice.routing_replay:
+            backend._watch_replayed_routes()  # counts into this backend while it counts
+        return backend
+
     def _watch_replayed_routes(self) -> None:
         """Wrap each router's replayed top-k: while counting, also compute the router's own
         top-k from the same scores and count the replayed experts that are among them."""

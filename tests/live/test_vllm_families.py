@@ -24,10 +24,11 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
+from test_vllm_cpu import push
 
 from runtime.backends.vllm_rollout import VllmRolloutBackend
 from runtime.core import weights
-from runtime.core.interfaces import GenerationRequest, SamplingParams, WeightBucket
+from runtime.core.interfaces import GenerationRequest, SamplingParams
 from runtime.core.slices import JobConfig, compile_job
 from runtime.megatron.mapping import hf_to_megatron, megatron_names, tensor_to_hf, unfuse_experts
 from vime.resolve.model import arch_from_config
@@ -44,7 +45,6 @@ CPU_SETS = ("train.routing_replay=false", f"inference.extra_args={json.dumps(EXT
 TOLERANCE = {"glm": 5e-5, "dsv3": 0.05}
 TEMPERATURE = 0.7
 PROMPTS = ((2, 5, 7, 9), (2, 11, 3), (2, 20, 21, 22, 23, 24))
-BUCKET_BYTES = 1 << 20
 FAMILIES = {"glm": "glm4-moe-tiny", "dsv3": "deepseek-v3-tiny"}
 
 
@@ -116,19 +116,6 @@ def log_prob_error(engine, model) -> float:
             torch.arange(len(generation.token_ids)), torch.tensor(generation.token_ids)]
         error = max(error, (torch.tensor(generation.log_probs) - expected).abs().max().item())
     return error
-
-
-def push(engine, tensors: dict, version: int) -> None:
-    """Buckets of the export, then an empty last one (the fallback update path)."""
-    bucket, size = {}, 0
-    for name, tensor in tensors.items():
-        bucket[name] = tensor
-        size += tensor.numel() * tensor.element_size()
-        if size >= BUCKET_BYTES:
-            engine.update_weights(WeightBucket(version, bucket, last=False))
-            bucket, size = {}, 0
-    engine.update_weights(WeightBucket(version, bucket, last=False))
-    engine.update_weights(WeightBucket(version, {}, last=True))
 
 
 def test_engine_serves_the_family_as_transformers_computes_it(family):

@@ -64,24 +64,11 @@ def _backend(gpt, arch, config, packed: bool, routing_replay: bool):
             return {"grads": {n: p.grad.clone() for n, p in self.params.items()
                               if p.grad is not None}}
 
-    backend = object.__new__(OnTheCpu)
-    backend.slice = types.SimpleNamespace(
+    slice = types.SimpleNamespace(
         routing_replay=routing_replay, dynamic_batch=False, micro_batch_size=3,
         max_tokens_per_gpu=0, loss=LossConfig(), world_size=1, rank=0)
-    backend.model = _ModelCall(gpt)
-    backend.device = torch.device("cpu")
-    backend.tp = backend.cp = 1
-    backend.tp_rank = backend.cp_rank = 0
-    backend.arch, backend.config, backend.packed = arch, config, packed
-    backend.temperature, backend.top_p = 0.8, 1.0
-    backend.params = dict(gpt.named_parameters())
-    backend.ref, backend.offloaded = None, False
-    backend._route_counts = torch.zeros(2, dtype=torch.int64)
-    backend._counting_routes = False
-    backend._routed_rows = None
-    if routing_replay:
-        backend._watch_replayed_routes()  # counts into this backend while it counts
-    return backend
+    return OnTheCpu.over(_ModelCall(gpt), gpt, arch, config, slice, packed=packed,
+                         temperature=0.8)
 
 
 def _batch(arch, seed: int = 0):
