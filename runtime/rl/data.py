@@ -11,17 +11,28 @@ rollout.max_prompt_len tokens are dropped, as slime drops them, and counted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass
 
 from runtime.core.slices import DataConfig
 
+# samples of one rollout whose seeds are consecutive integers (rollout r's sample i is
+# r * _SPAN + i past the run's base); the samples beyond them (a rollout of more than 100,003
+# samples, or an evaluation's indices from 2**40) get a hash of (seed, rollout, sample)
+_SPAN = 100_003
+
 
 def request_seed(seed: int, rollout_id: int, sample: int) -> int:
     """The seed of one generation request: a function of the experiment's seed, the rollout
-    and the sample's index in it, so a resumed run draws the same samples."""
-    return ((seed * 1_000_003 + rollout_id) * 100_003 + sample) % (1 << 62)
+    and the sample's index in it, so a resumed run draws the same samples, and no two
+    requests of one run share a seed (for sample < 100,003 exactly, beyond that with the
+    odds of two 62-bit hashes meeting)."""
+    if 0 <= sample < _SPAN:
+        return ((seed * 1_000_003 + rollout_id) * _SPAN + sample) % (1 << 62)
+    digest = hashlib.blake2b(f"{seed}:{rollout_id}:{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (1 << 62)
 
 
 @dataclass(frozen=True)

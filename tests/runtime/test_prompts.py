@@ -98,3 +98,18 @@ def test_toy_tokenizer_splits_answers_into_format_tokens(tokenizer):
     # the same texts give the same ids (the vocabulary is sorted)
     again = toy.build_tokenizer(["7", "Compute 12 - 5.", "What is 3 + 4?"])
     assert again.get_vocab() == tokenizer.get_vocab()
+
+
+def test_no_two_requests_of_a_run_share_a_seed():
+    # a rollout of more than 100,003 samples, and an evaluation's indices from 2**40 (runtime/
+    # rl/evaluation.py), beside the next rollouts' samples
+    from runtime.rl.data import request_seed
+    from runtime.rl.evaluation import EVAL_SAMPLE_BASE
+
+    samples = [*range(99_990, 100_020), *range(200_000, 200_010), EVAL_SAMPLE_BASE,
+               EVAL_SAMPLE_BASE + 1]
+    seeds = [request_seed(7, rollout, sample) for rollout in range(4) for sample in samples]
+    assert len(set(seeds)) == len(seeds)
+    assert all(0 <= seed < 1 << 62 for seed in seeds)
+    # a resumed run draws what the first one drew
+    assert seeds == [request_seed(7, rollout, sample) for rollout in range(4) for sample in samples]
