@@ -27,7 +27,7 @@ from pathlib import Path
 from runtime.core import hf_folder
 from runtime.core.slices import JobConfig
 from vime import __version__, run_checkpoint
-from vime.launch.local import pid_alive
+from vime.launch.local import pid_alive, process_start
 from vime.resolve.model import arch_from_config
 
 STATE = run_checkpoint.STATE_FILE
@@ -130,18 +130,26 @@ def _rename_into_place(partial: Path, final: Path) -> None:
 
 
 def _partial_name(final_name: str) -> str:
-    """.partial-<checkpoint>-<random>-<pid>@<host>: who writes it, for the clean-up."""
-    return f"{PARTIAL}{final_name}-{uuid.uuid4().hex[:8]}-{os.getpid()}@{socket.gethostname()}"
+    """.partial-<checkpoint>-<random>-<pid>.<pid's start time>@<host>: who writes it, for the
+    clean-up."""
+    pid = os.getpid()
+    return (f"{PARTIAL}{final_name}-{uuid.uuid4().hex[:8]}-{pid}.{process_start(pid) or 0}"
+            f"@{socket.gethostname()}")
 
 
 def partial_is_stale(folder: Path) -> bool:
     """Whether a .partial-* folder's writer is gone: a writer on this host whose pid is not
-    alive. A writer on another host, or a folder whose name gives none, is left alone."""
+    alive, or is now another process (its start time differs). A writer on another host, or
+    a folder whose name gives none, is left alone."""
     owner, at, host = folder.name.rpartition("@")
     if not at or host != socket.gethostname():
         return False
-    pid = owner.rpartition("-")[2]
-    return pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid))
+    pid, dot, start = owner.rpartition("-")[2].partition(".")
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    if not pid_alive(int(pid)):
+        return True
+    return bool(dot) and start.isdigit() and int(start) != (process_start(int(pid)) or 0)
 
 
 def disk_full(err: BaseException, free_bytes: int | None) -> bool:
@@ -485,9 +493,14 @@ class Checkpoints:
         self._keep_last_of(self.complete(self.save_dir), newest, self.save_dir)
 
     def _keep_last_of(self, kept: list[Path], newest: Path, folder: Path) -> None:
+        """The newest keep_last folders up to `newest` stay. Folders of later rollouts (a run
+        resumed from an older checkpoint, or loaded from another folder, meets those of the
+        run it replaces) are neither counted nor removed: resume reads up to `latest`, and
+        what they hold is the user's to keep or delete."""
         if self.keep_last < 1:
             return
-        for old in kept[:-self.keep_last]:
+        ours = [path for path in kept if path.name <= newest.name]
+        for old in ours[:-self.keep_last]:
             if old != newest:
                 gone = folder / _partial_name(f"old-{old.name}")
                 try:

@@ -122,3 +122,19 @@ def test_an_output_dir_that_is_a_file_or_full_is_the_users_environment(tmp_path)
         assert "No space left on device" in done.stderr, done.stderr
         assert "bug in vime" not in done.stderr
         assert not list((disk / "tiny-cpu").glob("local-*"))  # no half-written job folder
+
+
+def test_keep_last_counts_the_runs_own_checkpoints_and_leaves_later_ones(tmp_path):
+    # a run resumed at rollout 1 into a folder that holds rollouts 5 and 6 of the run it
+    # replaces: its own two newest stay, and 5 and 6 are neither counted nor removed
+    backend = _backend(tmp_path)
+    earlier = Checkpoints(tmp_path / "ckpt", keep_last=2)
+    for rollout in (5, 6):
+        earlier.save(rollout, backend, {"next_rollout": rollout + 1})
+    checkpoints = Checkpoints(tmp_path / "ckpt", keep_last=2)
+    for rollout in range(1, 4):
+        checkpoints.save(rollout, backend, {"next_rollout": rollout + 1})
+    assert [p.name for p in checkpoints.complete()] == [
+        "rollout_000002", "rollout_000003", "rollout_000005", "rollout_000006"]
+    assert checkpoints.latest().name == "rollout_000003"
+    assert checkpoints.resume_point().name == "rollout_000003"
