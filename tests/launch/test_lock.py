@@ -89,3 +89,44 @@ def test_an_unreadable_lock_is_named_not_blamed_on_the_job_asking(tmp_path):
     message = str(held.value)
     assert "local-asking" not in message, message
     assert f"{folder / lock.LOCK_FILE} cannot be read" in message, message
+
+
+def test_jobs_racing_for_a_stale_lock_leave_exactly_one_holder(tmp_path, monkeypatch):
+    # Eight submits at once meet a lock whose holder died; exactly one of them holds the
+    # experiment, and every other is told that one's name. Reading a lock is slowed (0-3 ms)
+    # so the takers interleave between their reads and their moves, as on a busy NFS server.
+    import random
+    import threading
+
+    read_path = lock.read_path
+
+    def slow_read(path):
+        time.sleep(random.random() * 0.003)
+        return read_path(path)
+
+    monkeypatch.setattr(lock, "read_path", slow_read)
+    mine = lock.holder_now("local-dead", "local", os.getpid())
+    for round in range(25):
+        folder = tmp_path / f"round-{round}"
+        folder.mkdir()
+        dead = lock.Holder("local-dead", "local", mine.host, os.getpid(), mine.pid_start + 1,
+                           time.time())
+        (folder / lock.LOCK_FILE).write_text(json.dumps(dead.__dict__))
+        start, won, told = threading.Barrier(8), [], []
+
+        def submit(job_id, folder=folder, start=start, won=won, told=told):
+            start.wait()
+            try:
+                lock.acquire(folder, lock.holder_now(job_id, "local", os.getpid()))
+                won.append(job_id)
+            except lock.ExperimentLocked as refused:
+                told.append(refused.holder.job_id if refused.holder else None)
+
+        threads = [threading.Thread(target=submit, args=(f"local-{k}",)) for k in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(won) == 1, (round, won, told)
+        assert lock.read(folder).job_id == won[0]
+        assert told == [won[0]] * 7, (round, won, told)

@@ -18,6 +18,7 @@ from runtimekit import ROOT, job_config
 
 from runtime.backends.torch_train import TorchTrainingBackend
 from runtime.rl.checkpoint import CheckpointError, Checkpoints
+from vime.launch.local import process_start
 
 
 class FakeTrain:
@@ -137,14 +138,19 @@ def test_a_save_removes_only_the_partial_folders_whose_writer_is_gone(tmp_path):
     dead.wait()
     host = socket.gethostname()
     try:
-        live = folder / f".partial-rollout_000051-abcd1234-{writer.pid}@{host}"
-        gone = folder / f".partial-rollout_000050-abcd1234-{dead.pid}@{host}"
-        elsewhere = folder / ".partial-rollout_000049-abcd1234-1@another-host"
-        for partial in (live, gone, elsewhere):
+        started = process_start(writer.pid)
+        live = folder / f".partial-rollout_000051-abcd1234-{writer.pid}.{started}@{host}"
+        unstamped = folder / f".partial-rollout_000053-abcd1234-{writer.pid}@{host}"
+        gone = folder / f".partial-rollout_000050-abcd1234-{dead.pid}.1@{host}"
+        # the writer's pid, now another process's: the writer is gone
+        reused = folder / f".partial-rollout_000048-abcd1234-{writer.pid}.{started + 1}@{host}"
+        elsewhere = folder / ".partial-rollout_000049-abcd1234-1.1@another-host"
+        for partial in (live, unstamped, gone, reused, elsewhere):
             (partial / "train").mkdir(parents=True)
         Checkpoints(folder).save(52, FakeTrain("a"), {})
         left = sorted(p.name for p in folder.iterdir() if p.name.startswith(".partial-"))
-        assert left == sorted([live.name, elsewhere.name])  # another job's save in progress
+        # another job's save in progress, named with or without its start time
+        assert left == sorted([live.name, unstamped.name, elsewhere.name])
         assert (live / "train").is_dir()
     finally:
         writer.kill()

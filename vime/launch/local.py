@@ -76,6 +76,17 @@ def _visible_devices(node: int, gpus_per_node: int) -> str | None:
 
 # --------------------------------------------------------------------- the job's processes
 
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` on this host (/proc/<pid>/stat, clock ticks since
+    boot): with the pid, it names one process, where a pid alone is reused. None when there
+    is no such process, or it is a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19]) if len(fields) > 19 and fields[0] != "Z" else None
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process of this pid exists on this host, of any user, a zombie included
     (signal 0 checks without sending)."""

@@ -3,9 +3,9 @@
 Two jobs of one experiment share its checkpoint folder: each would resume from, overwrite and
 clean up the other's saves. So `vime submit` takes the lock before the job starts (a local
 launcher's pid, or a Slurm job id) and says who holds it when it cannot; a holder that died
-without releasing is stale and its lock is taken over. The file is created by link(2) of a
-complete temporary file, atomic on local file systems and NFS alike. Holders, release and
-staleness: docs/design.md, "One job at a time per experiment".
+without releasing is stale and its lock is taken over, by one taker at a time. The file is
+created by link(2) of a complete temporary file, atomic on local file systems and NFS alike.
+Holders, release and staleness: docs/design.md, "One job at a time per experiment".
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from vime.launch.local import process_start
 
 LOCK_FILE = "lock.json"
 
@@ -55,14 +57,6 @@ class ExperimentLocked(Exception):
             "--fresh; if that job is gone and the lock stayed, remove the lock file")
 
 
-def _start_time(pid: int) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19]) if len(fields) > 19 and fields[0] != "Z" else None
-
-
 def _slurm_finished(job_id: str) -> bool | None:
     from vime.launch import slurm
 
@@ -81,7 +75,7 @@ def is_stale(holder: Holder, host: str | None = None) -> bool:
         return bool(_slurm_finished(holder.job_id))
     if holder.host != host or not holder.pid:
         return False
-    return _start_time(holder.pid) != holder.pid_start
+    return process_start(holder.pid) != holder.pid_start
 
 
 def read(folder: Path) -> Holder | None:
@@ -99,7 +93,52 @@ def read_path(path: Path) -> Holder | None:
 
 def holder_now(job_id: str, launcher: str, pid: int | None) -> Holder:
     return Holder(job_id, launcher, socket.gethostname(), pid,
-                  _start_time(pid) if pid else None, time.time())
+                  process_start(pid) if pid else None, time.time())
+
+
+# a takeover holds its mutex for milliseconds; one older than this was left by a taker that
+# died holding it
+TAKEOVER_STALE_S = 30.0
+# how long a submit waits for other submits' takeovers of the same stale lock
+TAKEOVER_WAIT_S = 10.0
+
+
+def _link_new(path: Path, content: str) -> bool:
+    """Create `path` with `content`, complete, unless it exists: link(2) of a fsynced
+    temporary file. Whether this call created it."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as handle:  # the content on disk before the name: never empty
+        handle.write(content)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _take_over(folder: Path, stale: Holder) -> bool:
+    """Remove the lock of `stale`, one taker at a time. Only a taker holding
+    `.lock.json.takeover` removes a lock someone else wrote, and it removes it only while it
+    still names `stale`: a lock a live job wrote in the meantime is never touched. Whether
+    this call removed it."""
+    mutex = folder / f".{LOCK_FILE}.takeover"
+    if not _link_new(mutex, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                        "since": time.time()})):
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - mutex.stat().st_mtime > TAKEOVER_STALE_S:
+                mutex.unlink()
+        return False
+    try:
+        if read(folder) != stale:
+            return False
+        (folder / LOCK_FILE).unlink(missing_ok=True)
+        return True
+    finally:
+        mutex.unlink(missing_ok=True)
 
 
 def acquire(folder: Path, holder: Holder) -> Holder | None:
@@ -112,40 +151,26 @@ def acquire(folder: Path, holder: Holder) -> Holder | None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)  # OSError: the caller names the key
     path = folder / LOCK_FILE
-    replaced = None
-    for _ in range(5):
-        tmp = folder / f".{LOCK_FILE}.{uuid.uuid4().hex[:8]}"
-        with open(tmp, "w") as handle:  # the content on disk before the name: never empty
-            handle.write(json.dumps(asdict(holder), indent=1) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, path)
+    content = json.dumps(asdict(holder), indent=1) + "\n"
+    replaced, unreadable, deadline = None, 0, time.monotonic() + TAKEOVER_WAIT_S
+    while time.monotonic() < deadline:
+        if _link_new(path, content):
             return replaced
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
         current = read(folder)
-        if current is None:  # being written or removed right now
+        if current is None:  # being removed right now, or a file that is no lock
+            unreadable += 1
+            if unreadable >= 5:
+                break
             time.sleep(0.05)
             continue
         if current.job_id == holder.job_id:
             return None
         if not is_stale(current):
             raise ExperimentLocked(folder, current)
-        aside = folder / f".{LOCK_FILE}.stale-{uuid.uuid4().hex[:8]}"
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            continue  # another taker moved it first
-        if read_path(aside) != current:  # a fresh lock came between: put it back
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, path)
-            aside.unlink(missing_ok=True)
-            continue
-        aside.unlink(missing_ok=True)
-        replaced = current
+        if _take_over(folder, current):
+            replaced = current
+        else:
+            time.sleep(0.01)  # another submit is taking it over
     raise ExperimentLocked(folder, read(folder))  # None: a lock.json that stays unreadable
 
 
