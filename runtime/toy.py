@@ -1,20 +1,10 @@
 """The toy task of specs/tiny_cpu.toml: small additions answered in \\boxed{}, a word-level
-tokenizer built from the prompts, and a graded reward.
-
-The model starts from random weights, so its first responses are random words: the reward
-gives partial credit for each step towards the answer format, so a few dozen rollouts on a
-laptop show a clear rise, and full credit only for the right sum:
-
-    0.1  the response contains "\\boxed{"
-    0.2  ... directly followed by a digit
-    0.2  ... in a closed box that holds a whole number
-    0.1  ... and the response is nothing but that box (it stopped right after it)
-    0.4  ... and the number is the right sum (the deepscaler verifier's judgement)
-
-A random policy scores about 0.03 on average, a model that learned the format 0.6, and a
-right sum adds 0.4. "acc" (logged as reward/acc) is the verifier's 0/1.
+tokenizer built from the prompts (runtime/node/driver.py builds it for a random_init model
+without one), and a graded reward (the spec's rollout.reward = "runtime.toy:reward").
 
     python -m runtime.toy write specs/data/tiny_arithmetic.jsonl   # the committed prompts
+
+The reward's grades and what a policy scores: docs/design.md, "The toy task".
 """
 
 from __future__ import annotations

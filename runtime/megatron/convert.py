@@ -5,17 +5,8 @@
         --tp T --pp P --ep E --etp X --arch ARCH.json SRC DST
     python -m runtime.megatron.convert --to hf --arch ARCH.json SRC DST
 
-`vime convert SPEC` runs this with the spec's architecture, checkpoint paths and parallel
-layout: one process per GPU of the layout (world = pp × lcm(tp, ep × etp), one GPU each, as
-megatron-core's NCCL groups need), every rank cutting its pieces out of the HF tensors
-(runtime/megatron/shards.py) and dist-checkpointing writing them. The checkpoint is thus
-saved with the training run's layout, which is what the seed asks for: loading a torch_dist
-checkpoint under another expert-parallel size is resharded by megatron-core and is very
-slow or hangs. The layout is recorded in `vime_layout.json` beside the checkpoint, where
-`vime compile` reads it (V705). Back to HF, the ranks gather the full tensors and rank 0
-writes them. The folder appears only when complete (a temporary sibling, then renamed).
-On a machine without GPUs the same ranks are CPU processes over gloo (tests/runtime/
-test_convert_cpu.py runs it so on the tiny spec).
+`vime convert SPEC` (vime/convert.py) runs this with the spec's layout. The ranks, the layout
+a checkpoint is saved with and its record: docs/design.md, "Converting checkpoints".
 """
 
 from __future__ import annotations

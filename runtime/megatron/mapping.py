@@ -1,18 +1,10 @@
 """Hugging Face Qwen3 / Qwen3-MoE, DeepSeek-V3 and GLM-4.5 weights <-> megatron-core GPTModel
-weights (local layer spec).
-
-A mapping of our own rather than mbridge or Megatron-Bridge: Qwen3 needs five rules (renames,
-the fused and group-interleaved QKV, gate|up fused into fc1, per-expert modules, untied
-head), and keeping them here, in one readable table tested by round trip against the real
-GPTModel, costs less than a dependency that pins its own megatron-core and transformers.
-The two other families add renames only: MLA's projections and latent norms (megatron-core's
-MLA rotates the rope half de-interleaved, as transformers' rope_interleave does, so the
-weights map as they are), the QKV bias (fused as the QKV weight), the shared experts
-(gate|up fused as a dense MLP's) and the router's expert bias (a buffer on both sides).
+weights (local layer spec), for runtime/megatron/convert.py, runtime/megatron/shards.py and
+the training backend (runtime/backends/megatron_train.py).
 
 Megatron names are those of `GPTModel` built with `get_gpt_decoder_block_spec(...,
-use_transformer_engine=False)` at tensor/expert parallel size 1 (full tensors); sharding for
-tp/ep > 1 is done by megatron-core's dist-checkpointing when the torch_dist folder is loaded.
+use_transformer_engine=False)` at tensor/expert parallel size 1 (full tensors). Why a mapping
+of our own, and what each family adds: docs/design.md, "Hugging Face and Megatron weights".
 """
 
 from __future__ import annotations

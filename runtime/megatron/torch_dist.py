@@ -1,18 +1,9 @@
 """torch_dist checkpoints read by either layer spec (local or Transformer Engine).
 
-megatron-core keys most weights of its local and Transformer Engine layer specs alike: the
-local spec saves its norms under TE's fused names (its sharded_state_dict_keys_map). Not an
-MoE layer's pre-MLP norm: the local spec saves it as `mlp.linear_fc1.layer_norm_weight` (the
-map is a dense layer's), TE's spec, whose MoE layers keep the norm apart, as
-`pre_mlp_layernorm.weight`. On an H200 a local-spec checkpoint did not load into the TE spec
-("decoder.layers.1.pre_mlp_layernorm.weight from model not in state dict", docs/gpu-runs.md,
-2026-12-01 21:01 UTC). TE's modules also carry `_extra_state` objects (FP8 metadata; nothing in bf16
-training) that a local-spec checkpoint may not hold.
-
-`align` makes a model's sharded state dict ask for what the checkpoint has: a key the
-checkpoint lacks is renamed to its alias where the checkpoint holds that, and an `_extra_state`
-object the checkpoint lacks is left out (the module keeps its own). The optimizer's sharded
-state dict, built from the model's afterwards, follows the new keys.
+`align` makes a model's sharded state dict ask for what the checkpoint has; the training
+backend (runtime/backends/megatron_train.py) and runtime/megatron/convert.py call it before
+they load. Which keys the two specs save differently and what `align` renames or leaves out:
+docs/design.md, "torch_dist checkpoints of either layer spec".
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Ray on one node of a job: start it, find it, stop it, and nothing else's.
 
-Findings this follows (shared/reference/slurm-ray.md §3.6, §5, §7):
-- `ray start --block` under a parent we control, stopped by signalling that parent, never by
-  `ray stop` (it kills every Ray of the user on the node, other jobs' included).
-- Every port explicit (vime.launch.ports), a short per-job, per-node temp dir (Unix socket
-  paths must stay under 107 bytes), the node's LAN address rather than whatever the host name
-  resolves to (Debian maps it to 127.0.1.1).
-- RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0: without it a worker whose head is gone drains for
-  30 s before exiting. monitor.py and the agents may ignore SIGTERM once the GCS is gone, so
-  whatever is left after a grace period is killed.
-- Every process of this node's Ray carries VIME_RAY_NODE=<its temp dir> in its environment
-  (Ray workers inherit the raylet's), so the sweep finds even processes re-parented to init,
-  and only those.
-- RAY_AUTH_MODE=disabled unless the user set it (default_auth_mode): Ray 2.60 turns token
-  authentication on for `ray start --head` when ~/.ray/auth_token exists, and only there.
+The job's nodes (runtime/node/job.py) start and stop their Ray with it, the driver takes its
+signal handlers from it (runtime/node/driver.py), and the local launcher finds a job's Ray
+processes and temp folders with it (vime/launch/local.py). The findings it follows:
+docs/design.md, "Ray on one node".
 """
 
 from __future__ import annotations

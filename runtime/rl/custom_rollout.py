@@ -1,19 +1,9 @@
 """Rollout functions (rollout.function = "module:function"): multi-turn, tool-calling and agent
 rollouts written by the user, many samples in flight at once against the engines.
 
-    async def rollout(ctx) -> None | float | dict:
-        turn = await ctx.generate()          # the policy continues the sample's context
-        ctx.append(text=calculator(turn.text))   # tool output: context, never trained
-        turn = await ctx.generate()
-        return None                          # the spec's reward scores the sample's text
-
-The loop calls `CustomRollout.run` once per rollout. Every sample runs as an asyncio task; the
-generate calls of all samples waiting on the policy go to the engines as one batched call
-(runtime/workers/groups.py RolloutGroup.generate), and tools run concurrently between them. A
-batch leaves when every live sample waits on the policy or is done, in sample order, so the
-batches, and every number of the rollout, depend on the seeds alone: a resumed run repeats
-the uninterrupted one (a sample whose tool is slow holds the next batch back, the price of
-that). docs/runtime.md has the contract in prose, routing replay across turns included.
+The loop (runtime/rl/loop.py) calls `CustomRollout.run` once per rollout; docs/runtime.md has
+the contract in prose. An example, and how the samples' generate calls are batched so that a
+resumed run repeats the uninterrupted one: docs/design.md, "Rollout functions".
 """
 
 from __future__ import annotations

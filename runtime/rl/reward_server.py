@@ -1,17 +1,9 @@
 """A reward server over HTTP (rollout.reward = "http://host:port/path"): the rollout's samples
 are POSTed in batches, and every score comes back checked as a reward function's is.
 
-Request (JSON, one per batch of at most `batch_size` samples):
-
-    {"samples": [{"prompt": str, "response": str, "label": ..., "metadata": {...}}, ...]}
-
-Response: {"scores": [...]} with one entry per sample, in order: a number, or a dict with a
-numeric "score" (its other numeric entries are logged as reward/<key>), as a reward function
-returns. A batch whose request fails (no connection, a timeout of rollout.reward_timeout_s,
-an HTTP 5xx or 429, an answer cut short) is sent again up to `retries` times, waiting 0.5 s, 1 s, 2 s, ...; then
-the job stops with an error naming the server and the batch's first sample. An answer that
-is not such JSON stops it at once (the server is up and wrong). This module moves the bytes;
-runtime/rl/rewards.py checks every score as it checks a reward function's.
+This module moves the bytes; runtime/rl/rewards.py calls it and checks every score as it
+checks a reward function's. The request, the response and what a failed batch does:
+docs/design.md, "The reward server".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Which generated groups a rollout trains on: DAPO's dynamic sampling and overlong handling.
 
 The loop (runtime/rl/loop.py, GRPOLoop.sample_groups) generates groups of n samples per
-prompt, scores them, and asks this module
-
-    overlong_penalty   DAPO's soft overlong punishment, added to a sample's reward
-    mask_overlong      advantage 0 for responses cut at max_response_len
-    keeps              whether a group teaches anything (its rewards differ) and passes the
-                       user's filter (rollout.dynamic_sampling_filter)
-    Refill             when to stop generating: batch_size groups kept, or the attempt bound
-                       reached (then filtered groups complete the batch)
-
-Everything here is a pure function of the groups it is given, so a resumed run, which draws
-the same prompts with the same seeds, keeps the same groups.
+prompt, scores them, and asks this module (`overlong_penalty`, `mask_overlong`, `keeps`,
+`Refill`); everything here is a pure function of the groups it is given. What each answers:
+docs/design.md, "Dynamic sampling and overlong responses".
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """job.sbatch: the Slurm batch script `vime submit` submits, byte for byte, and the build
-folder's job.sbatch: the same text (`vime compile` renders it with the same interpreter).
-
-One task per node runs submitit's job runner (`python -m submitit.core._submit`), which loads
-the pickled `runtime.node.job` entry point: task 0 starts the Ray head, the others join it,
-and the head runs the runtime driver. submitit brings the USR2 checkpoint-and-requeue handling.
-
-`vime submit` submits it from the experiment folder `<output_dir>/<name>/` with
-`sbatch --hold --chdir=<that folder> --output=%j/logs/batch.log` and releases it once the job
-folder `<job id>/` is complete. Submitted as it is (`sbatch build/<name>/job.sbatch`), the
-script's first step writes that folder itself from the build folder (vime/launch/batch.py),
-so no path from the spec appears in the script; the interpreter's path does.
-Values from the spec: the schema's patterns bound them, each `#SBATCH` argument that is not
-plainly safe is quoted the way sbatch reads directives (double quotes, `\\` and `\"` escaped:
-sbatch runs no shell on them), and every shell word is shlex-quoted, so nothing a spec says
-is executed.
+folder's job.sbatch: the same text (`vime compile` renders it with the same interpreter;
+vime/emit/build.py writes it, vime/launch/slurm.py submits it). How it runs, how it is
+submitted and how the spec's values are quoted: docs/design.md, "The batch script".
 """
 
 from __future__ import annotations

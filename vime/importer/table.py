@@ -1,21 +1,9 @@
 """The one table from upstream vime's and slime's train.py flags to spec keys.
 
-`vime import` maps a script's flags through FLAGS, and docs/import.md is generated from the
-same rows (`python -m vime.importer.docs`). A row says what becomes of one flag:
-
-  key      the flag's value is a spec key (`value` says how the words are read)
-  arch     a model flag: a [model.arch] key, checked against config.json when it is readable
-  cluster  a flag of the cluster or placement, combined in vime/importer/__init__.py's _cluster
-  joint    a flag read with others into one key (train.offload), in vime/importer/__init__.py
-  derived  vime sets this itself (V965); a value other than `expect` is an error (V963)
-  not_yet  a key being added to vime (V964): the row names the key it will map to
-  none     vime has no equivalent (V963): `why` says why and what to do
-
-Flags not in the table are judged by the catalogues: `--vllm-X` is vLLM's `--X`
-(vime/data/vllm-flags-*.json; it goes to inference.extra_args), a Megatron flag
-(vime/data/megatron-flags-*.json) or an upstream vime or slime flag
-(vime/data/upstream-flags.json) with no row is V963, `--sglang-*` is V967, and anything else
-is V966.
+`vime import` maps a script's flags through FLAGS (vime/importer/__init__.py,
+vime/importer/mapping.py), docs/import.md is generated from the same rows
+(`python -m vime.importer.docs`), and `vime explain` reads its codes. What each kind of row
+says and how a flag without a row is judged: docs/design.md, "The import table".
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The first step of job.sbatch, on the job's first node before srun: the job folder.
 
-`vime submit` writes `<experiment folder>/<job id>/` while the job is held, and submits from
-the experiment folder (`sbatch --chdir`): there is nothing to do. A job.sbatch submitted as
-it is (`sbatch build/<name>/job.sbatch`: the build folder's script is the one that
-runs) finds its build folder through Slurm (the script's path), compiles the build folder's
-resolved.toml as `vime submit` compiles a spec, reading relative paths from the spec's folder
-and the folder sbatch ran in, and writes the job folder as `vime submit` does: the same files
-with absolute paths, the script itself, and submitit's pickle of the entry point. A requeued
-attempt (SLURM_RESTART_COUNT > 0) finds the folder its first attempt wrote; a first attempt
-writes it even over a folder of the same name (an earlier job of a Slurm whose job ids started
-again), as `vime submit` does.
-
     experiment_dir=$(python -m vime.launch.batch)
 
 prints the experiment folder, where srun then starts the nodes; anything else goes to stderr,
-the batch log. Exit 1 with one line when the job cannot be made.
+the batch log. Exit 1 with one line when the job cannot be made. What it does after `vime
+submit`, for a job.sbatch submitted as it is, and on a requeue:
+docs/design.md, "The job folder of a batch script".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The local twins of a Slurm job: `--local` runs one process per node on this machine (Ray
 with logical GPUs where there are none), `--ray-address` runs the driver against a Ray
-cluster someone started by hand. Both block until the job ends; the nodes write the job
-folder's logs, as on Slurm, and the launcher shows the run's progress on the terminal
-(vime/launch/progress.py).
-
-The job's processes never outlive the launcher (tests/launch/test_interrupt.py):
-
-- Ctrl-C (SIGINT), SIGHUP (the terminal closed) and SIGTERM stop the job: SIGINT to every
-  node, which stops its actors and its own Ray; after STOP_GRACE_S whatever is left is killed (the node
-  processes, then every process marked with the job's VIME_RAY_NODE, wherever it went), the
-  job's temp folders are removed and outcome.json says `interrupted` (or `terminated`).
-- SIGKILL of the launcher cannot be caught: each node process asks the kernel for SIGINT
-  when its parent dies (PR_SET_PDEATHSIG), and tears its Ray down as above.
-- `vime cancel` (vime/launch/follow.py) does the same stop from another process.
+cluster someone started by hand; `vime submit` (vime/launch/submit.py) calls them. Both block
+until the job ends; the nodes write the job folder's logs, as on Slurm, and the launcher shows
+the run's progress on the terminal (vime/launch/progress.py). How the job's processes never
+outlive the launcher: docs/design.md, "Local jobs and how they stop".
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The port plan of a job's Ray cluster: every port Ray opens is explicit, so two jobs on one
 node never collide (ray-project/ray#10154; shared/reference/slurm-ray.md §3.6, §5.1).
 
-A job owns a block of 100 ports chosen by its id, below Linux's ephemeral range (32768+) so
-that the ports the OS hands out at random (Ray's worker ports, left unset) never take one:
-
-    base = 20000 + (job number mod 120) × 100            blocks 20000 … 31999
-    head only   base + 0 GCS, + 1 Ray client server, + 2 dashboard
-    node slot s base + 10 + 6s … + 15 + 6s, s = node index mod 15:
-                node manager, object manager, runtime-env agent, dashboard agent gRPC,
-                dashboard agent HTTP, metrics export
-
-Per-node slots matter only where several Slurm "nodes" share a host (the CI cluster); on a
-real cluster each node is its own host. When the job has its nodes to itself
-(cluster.slurm.exclusive under Slurm) the head keeps the spec's well-known
-cluster.ray.port and cluster.ray.dashboard_port, where users' tunnels point.
+`vime submit` (vime/launch/submit.py) describes it and the job's nodes (runtime/node/job.py,
+runtime/node/ray_bootstrap.py) open its ports. The blocks, the per-node slots and when the
+head keeps the spec's ports: docs/design.md, "The ports of a job's Ray cluster".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Are the paths a job's nodes need on a file system they all mount?
 
-V701 (vime/check/cluster.py) judges a spec's words when it is compiled: relative paths, /tmp
-and the like. `vime submit` knows more: the paths made absolute (vime/launch/paths.py), the
-interpreter job.sbatch names (this one, the nodes run it), and this machine's mounts. On a
-job of several nodes, a path on a file system local to this machine (tmpfs, a container's
-overlay, a local disk's ext4 or xfs) is warned about with the same code V701: the other
-nodes would find no Python, no prompts, or write checkpoints the head never reads. A warning,
-not an error: the nodes may mount that folder from this machine (an NFS export of it), which
-nothing here can see. Paths that do not exist here (a model or data set mounted only on the
-cluster) are not judged; output and checkpoint folders are judged where they will be made.
-A job of one node runs on one machine: nothing to share, nothing said. A job on a running Ray
-cluster (`--ray-address`) gets the same warnings for its paths, not for the interpreter: the
-cluster's nodes run their own.
+`vime submit` (vime/cli.py, `with_unshared`; not for `--local`) asks this once the spec
+compiles, and warns with V701 about a path of a job of several nodes on a file system local
+to this machine. What is
+judged, and why a warning and not an error: docs/design.md, "Paths the nodes share".
 """
 
 from __future__ import annotations

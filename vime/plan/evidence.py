@@ -1,19 +1,10 @@
 """What each term of the memory plan has been checked against.
 
-A user reading "6% headroom" needs to know which of the summed terms were measured and which
-are the model's arithmetic alone. Every Term of vime/plan/memory.py carries one Basis: the
-strongest thing it has been compared with, the error seen and where the raw data are. Three
-kinds, strongest first:
-
-- "gpu": compared with a measurement on a GPU, recorded in docs/data/ (or, where said, only as
-  the summary in docs/memory-validation.md: those runs' raw data are not in the repository);
-- "cpu": measured on the CPU (the CPU allocator, autograd's saved tensors), the GPU run still to
-  do: an estimate, CPU-measured, GPU pending;
-- "estimate": the model's arithmetic, from the libraries' code and formulas, not measured.
-
-Only measurements already recorded are cited; a term outside a measurement's scope (another
-layout, more GPUs) is an estimate. tests/test_memory_validation.py recomputes the numbers
-quoted here from the data files.
+Every Term of vime/plan/memory.py carries one Basis ("gpu", "cpu" or "estimate"): the
+strongest thing it has been compared with, the error seen and where the raw data are;
+`vime plan` marks each term with it (vime/render.py). tests/test_memory_validation.py
+recomputes the numbers quoted here from the data files. What each kind means:
+docs/design.md, "What each memory term is checked against".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Memory per GPU for training (Megatron) and rollout (vLLM), and host memory per node.
 
-A closed-form model, term by term, for the most loaded GPU (the first pipeline stage, which
-also holds the output layer when pp = 1). Each term names what it counts so `vime plan`
-can print the breakdown and a user can argue with any line. Sources:
-- weights and optimizer: megatron/training/theoretical_memory_usage.py (0.18+ MoE-aware form)
-  with the distributed optimizer sharding dense state over dp × cp and expert state over
-  edp (shared/reference/megatron.md §3.2, §2.7); precision-aware CPU offload moves the
-  fp32 main params and both Adam moments to the host;
-- activations: Korthikanti et al. (arXiv 2205.05198) per-token terms, rewritten for flash
-  attention (no s² term), grouped-query attention, SwiGLU and top-k MoE dispatch, plus the
-  loss head, which computes the log-probs a chunk of tokens at a time (runtime/core/loss_head.py);
-- vLLM: the KV-cache budget of v1/worker/gpu_worker.py `determine_available_memory`
-  (shared/reference/vllm.md §3.3).
-The allowances (memory outside torch's allocator, fragmentation, CUDA graphs) are stated
-constants from the measurements cited beside them (docs/memory-validation.md). Every term
-carries its Basis (vime/plan/evidence.py): measured on a GPU, on the CPU only, or an estimate.
+A closed-form model, term by term, for the most loaded GPU: vime/plan/__init__.py builds the
+plan with it, `vime plan` prints its breakdown and vime/check/memory.py judges whether it fits.
+Every term carries its Basis (vime/plan/evidence.py). The sources of each term and the
+allowances: docs/design.md, "The memory model".
 """
 
 from __future__ import annotations
