@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,60 @@ def test_the_wandb_extra_installs_wandb(tmp_path):
     _require_pypi()
     resolved = _resolve([".[wandb]"], tmp_path / "report.json")
     assert resolved["wandb"]["version"] and "torch" not in resolved
+
+
+def test_the_wheel_holds_every_package_and_runs_outside_the_checkout(tmp_path):
+    # A user's `pip install vime` gets the wheel, not the checkout: every package of vime/
+    # and runtime/ is in it, and plan, compile and import work from it where no schema/ or
+    # checkout is near (the schema and the flag catalogs come from vime/data/).
+    _require_pypi()
+    # from a copy of the sources: setuptools builds a checkout in its build/, and what an
+    # earlier build left in build/lib would be packed again
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for folder in ("vime", "runtime", "schema"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=skip)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+                            "--no-input", "-w", str(tmp_path / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("vime-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    packages = sorted(str(init.parent.relative_to(ROOT)) for folder in ("vime", "runtime")
+                      for init in (ROOT / folder).rglob("__init__.py")
+                      if "__pycache__" not in init.parts)
+    assert [p for p in packages if f"{p}/__init__.py" not in names] == []
+    data = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "vime" / "data").glob("*.json"))
+    assert data and [p for p in data if p not in names] == []
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-input",
+                                str(wheel)], capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def vime(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(venv / "bin" / "vime"), *args], cwd=elsewhere, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    where = subprocess.run([str(python), "-c", "import vime; print(vime.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
+    assert str(venv) in where.stdout, where.stdout + where.stderr  # not the checkout's
+    spec = ROOT / "specs" / "qwen3_30b.toml"
+    planned = vime("plan", str(spec))
+    assert planned.returncode == 0 and "memory" in planned.stdout.lower(), planned.stderr
+    compiled = vime("compile", str(spec), "-o", str(elsewhere / "build"))
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    assert (elsewhere / "build" / "megatron.args").is_file()
+    script = ROOT / "tests" / "fixtures" / "scripts" / "seed" / "run-qwen3-30B-A3B.sh"
+    imported = vime("import", str(script), "-o", str(elsewhere / "imported.toml"))
+    assert imported.returncode in (0, 1), imported.stdout + imported.stderr
+    assert (elsewhere / "imported.toml").is_file(), imported.stdout + imported.stderr
