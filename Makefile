@@ -58,8 +58,8 @@ plan: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check vime tests benchmarks runtime
 
-# pyproject.toml's addopts (-q) print a dot per test and nothing else, for the 14 minutes of
-# the main suite (issue 17). `make test` and CI show a line per test file as it starts, ending
+# pyproject.toml's addopts (-q) print a dot per test and nothing else, for the 40-55 minutes of
+# the main suite. `make test` and CI show a line per test file as it starts, ending
 # with the count of tests done so far ("tests/test_cli.py ....  [ 112/778]"; about 70 lines in
 # all), and at the end the reason of every skip (-rs). Targeted runs keep addopts' dots.
 PYTEST_PROGRESS := --verbosity=0 -o console_output_style=count -rs
@@ -67,7 +67,7 @@ PYTEST_PROGRESS := --verbosity=0 -o console_output_style=count -rs
 # the main suite, then the live engine tests in their own venv (VIME_REQUIRE_VLLM: there a vLLM
 # that does not import fails them instead of skipping)
 test: lint $(VLLM_VENV)/.installed
-	@echo "the main suite: about 14 minutes on the 2-core development machine, a line per test file"
+	@echo "the main suite: 40-55 minutes on a 2-core machine (2026-12-02), a line per test file"
 	$(PY) -m pytest $(PYTEST_PROGRESS) --ignore=tests/live
 	$(MAKE) test-live
 
