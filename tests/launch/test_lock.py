@@ -106,8 +106,8 @@ def test_jobs_racing_for_a_stale_lock_leave_exactly_one_holder(tmp_path, monkeyp
 
     monkeypatch.setattr(lock, "read_path", slow_read)
     mine = lock.holder_now("local-dead", "local", os.getpid())
-    for round in range(25):
-        folder = tmp_path / f"round-{round}"
+    for attempt in range(25):
+        folder = tmp_path / f"attempt-{attempt}"
         folder.mkdir()
         dead = lock.Holder("local-dead", "local", mine.host, os.getpid(), mine.pid_start + 1,
                            time.time())
@@ -127,6 +127,6 @@ def test_jobs_racing_for_a_stale_lock_leave_exactly_one_holder(tmp_path, monkeyp
             thread.start()
         for thread in threads:
             thread.join()
-        assert len(won) == 1, (round, won, told)
+        assert len(won) == 1, (attempt, won, told)
         assert lock.read(folder).job_id == won[0]
-        assert told == [won[0]] * 7, (round, won, told)
+        assert told == [won[0]] * 7, (attempt, won, told)
