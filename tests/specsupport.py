@@ -40,6 +40,12 @@ LARGEST = {
 }
 
 
+
+def largest_argv(case: str, sets=()) -> list[str]:
+    """`vime plan` of specs/qwen3_30b.toml at LARGEST[case], with these --set items after it."""
+    return ["plan", str(ROOT / "specs" / "qwen3_30b.toml"),
+            *(arg for item in [*LARGEST[case], *sets] for arg in ("--set", item))]
+
 def run_text(text: str, sets=(), name: str = "spec.toml", spec_dir: Path = ROOT / "specs",
              strict: bool = False) -> pipeline.Result:
     return pipeline.run(Source(name, text), list(sets), spec_dir, strict)

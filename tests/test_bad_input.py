@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from specsupport import LARGEST, ROOT, codes, run_text
+from specsupport import LARGEST, ROOT, codes, largest_argv, run_text
 
 from vime import pipeline, schema
 from vime.cli import main
@@ -141,8 +141,7 @@ def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt):
     # so its bound is twice what the standard library's C encoder takes to write the same plan
     # compactly, in this process on this machine (vime's indented writer, with the process's
     # start, takes 0.7-1.05 of it). benchmarks/plan_startup.py times both.
-    sets = [arg for item in LARGEST[case] for arg in ("--set", item)]
-    argv = [sys.executable, "-m", "vime", "plan", "specs/qwen3_30b.toml", *sets]
+    argv = [sys.executable, "-m", "vime", *largest_argv(case)]
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     done = subprocess.run(argv + (["--json"] if fmt == "json" else []), cwd=ROOT,
                           capture_output=True, check=False)
@@ -163,16 +162,11 @@ def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt):
         f"more than {bound:.2f} s"
 
 
-def _largest_argv(case: str) -> list[str]:
-    return ["plan", str(ROOT / "specs" / "qwen3_30b.toml"),
-            *(arg for item in LARGEST[case] for arg in ("--set", item))]
-
-
 @pytest.mark.parametrize("case", list(LARGEST))
 def test_the_largest_plan_as_text_shows_the_first_and_last_nodes_and_engines(case, capsys):
     # it printed a block per node and a line per engine: 45,000-290,000 lines, 23-43 MB, that
     # a terminal took far longer than a second to show; --json lists every one
-    assert main(_largest_argv(case)) == 0
+    assert main(largest_argv(case)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) < 400 and max(map(len, lines)) <= 100
     heads = [line for line in lines if line.startswith(("node", "… nodes")) and "cont." not in line]
@@ -191,7 +185,7 @@ def test_the_largest_plan_as_text_shows_the_first_and_last_nodes_and_engines(cas
 
 @pytest.mark.parametrize("case", list(LARGEST))
 def test_the_largest_plan_as_json_lists_every_rank_group_and_engine(case, capsys):
-    assert main([*_largest_argv(case), "--json"]) == 0
+    assert main([*largest_argv(case), "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     gpus_per_node, world = 64, 4096 * 64
     train, rollout = obj["train"], obj["rollout"]

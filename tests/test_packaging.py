@@ -102,8 +102,7 @@ def test_the_wheel_holds_every_package_and_runs_outside_the_checkout(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     packages = sorted(str(init.parent.relative_to(ROOT)) for folder in ("vime", "runtime")
-                      for init in (ROOT / folder).rglob("__init__.py")
-                      if "__pycache__" not in init.parts)
+                      for init in (ROOT / folder).rglob("__init__.py"))
     assert [p for p in packages if f"{p}/__init__.py" not in names] == []
     data = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "vime" / "data").glob("*.json"))
     assert data and [p for p in data if p not in names] == []

@@ -91,11 +91,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    """Whether process `pid` runs on this host (a zombie does not)."""
+    return process_start(pid) is not None
 
 
 def job_processes(job_id: str) -> set[int]:
