@@ -11,6 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path as FsPath
+from typing import NamedTuple
 
 from vime.check.registry import Finding, rule
 from vime.resolve.spec import Spec
@@ -48,11 +49,20 @@ def reward_is_builtin_or_module(spec: Spec):
                   help=fix)
 
 
-def _module_file(module: str, search: list[str]) -> tuple[str | None, str | None]:
-    """(file, problem) for a dotted module name, found like `import` would on this sys.path
-    but without running any package's code (a reward module may import torch)."""
+class ModuleLookup(NamedTuple):
+    """Where `import module` would find a dotted module's source, or why it would not."""
+
+    file: str | None  # the module's own source file (None: not found, or not a file)
+    problem: str | None  # why `import` would not find it
+    packages: tuple[str, ...] = ()  # the __init__.py files `import` runs first, outermost first
+
+
+def _module_file(module: str, search: list[str]) -> ModuleLookup:
+    """Where a dotted module name is found, like `import` would on this sys.path but without
+    running any package's code (a reward module may import torch)."""
     path: list[str] | None = search
     found = None
+    packages: list[str] = []
     parts = module.split(".")
     for depth, part in enumerate(parts):
         found = importlib.machinery.PathFinder.find_spec(part, path)
@@ -67,11 +77,34 @@ def _module_file(module: str, search: list[str]) -> tuple[str | None, str | None
                           and (spec := finder.find_spec(part, None)) is not None), None) or found
         if found is None:
             where = ".".join(parts[:depth]) or "the Python path"
-            return None, f"no module {'.'.join(parts[:depth + 1])!r} in {where}"
+            return ModuleLookup(None, f"no module {'.'.join(parts[:depth + 1])!r} in {where}")
         path = found.submodule_search_locations
-        if depth < len(parts) - 1 and path is None:
-            return None, f"{'.'.join(parts[:depth + 1])!r} is a module, not a package"
-    return (found.origin if found and found.has_location else None), None
+        if depth < len(parts) - 1:
+            if path is None:
+                return ModuleLookup(None,
+                                    f"{'.'.join(parts[:depth + 1])!r} is a module, not a package")
+            if found.has_location and found.origin:
+                packages.append(found.origin)
+    return ModuleLookup(found.origin if found and found.has_location else None, None,
+                        tuple(packages))
+
+
+def _syntax_error(file: str) -> str | None:
+    """"FILE:LINE: MESSAGE" when a Python source file does not compile (what `import` would
+    raise as SyntaxError), without running it; None when it compiles or is not Python source."""
+    if not file.endswith(".py"):
+        return None
+    try:
+        source = FsPath(file).read_bytes()
+    except OSError:
+        return None
+    try:
+        compile(source, file, "exec", dont_inherit=True)
+    except SyntaxError as err:  # IndentationError and TabError are SyntaxErrors
+        return f"{file}:{err.lineno or 1}: {err.msg}"
+    except ValueError as err:  # a NUL byte in the source
+        return f"{file}: {err}"
+    return None
 
 
 def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], bool]:
@@ -133,7 +166,7 @@ def reward_search_path(spec: Spec) -> list[str]:
 
 @rule("V907", "custom-reward-importable", severity="warning", enforced_by="vime")
 def custom_reward_importable(spec: Spec):
-    """A "module:function" reward that the job's driver would not find.
+    """A "module:function" reward that the job's driver would not find or could not import.
 
     The driver imports the reward's module when it starts (runtime/rl/rewards.py), on the
     cluster, after the queue wait: a module it cannot find fails with "rollout.reward =
@@ -141,17 +174,23 @@ def custom_reward_importable(spec: Spec):
     looks in the spec's folder first, then the job's PYTHONPATH ([cluster.env]'s, else that of
     the shell vime submit ran in, which sbatch and --local pass on), then the installed
     packages; vime looks in the same places, in that order, without running the module (a
-    reward module may import torch), and reads the source for a top-level definition of the
-    function. The folder vime runs in is not searched: a job on Slurm runs in its experiment
+    reward module may import torch), compiles its source and the __init__.py of each package
+    above it (a syntax error is named with its file and line: the driver's import would raise
+    it), and reads the source for a top-level definition of the function. An evaluation
+    dataset's own reward (eval.datasets[].reward) is checked the same way. The folder vime runs in is not searched: a job on Slurm runs in its experiment
     folder, so a module found only there would import on one launcher and not another.
     A warning, not an error: the job's environment may differ from this one (a package
     installed only on the cluster, a PYTHONPATH set by a module system).
     Fix: put the module beside the spec, install its package, or add its folder to
-    PYTHONPATH in [cluster.env]; or correct the module or function name."""
-    reward = spec.rollout.reward
-    if reward.startswith(("http://", "https://")):  # a reward server: nothing to import here
-        return
-    yield from _importable(spec, "rollout.reward", reward)
+    PYTHONPATH in [cluster.env]; or correct the module or function name, or the syntax error
+    (`python -m py_compile FILE` shows it)."""
+    rewards = {"rollout.reward": spec.rollout.reward}
+    rewards.update((f"eval.datasets[{index}].reward", dataset.reward)
+                   for index, dataset in enumerate(spec.eval.datasets)
+                   if dataset.reward != spec.rollout.reward)
+    for key, reward in rewards.items():
+        if not reward.startswith(("http://", "https://")):  # a server: nothing to import here
+            yield from _importable(spec, key, reward)
 
 
 @rule("V930", "rollout-function-importable", severity="warning", enforced_by="vime")
@@ -162,8 +201,9 @@ def rollout_function_importable(spec: Spec):
     (runtime/rl/custom_rollout.py), in the same places and order as rollout.reward's
     (V907): the spec's folder, the job's PYTHONPATH, the installed packages; a module it
     cannot find stops the job after the queue wait with "rollout.function = '...': cannot
-    import ...". vime looks there without running the module and reads its source for a
-    top-level definition of the function. A warning, not an error: the job's environment
+    import ...". vime looks there without running the module, compiles its source (a syntax
+    error is named with its file and line) and reads it for a top-level definition of the
+    function. A warning, not an error: the job's environment
     may differ from this one.
     Fix: put the module beside the spec, install its package, or add its folder to
     PYTHONPATH in [cluster.env]; or correct the module or function name."""
@@ -173,22 +213,31 @@ def rollout_function_importable(spec: Spec):
 
 def _importable(spec: Spec, key: str, value: str):
     """Findings for a "module:function" value of `key` whose module the driver would not
-    find, or whose source defines no such function at its top level."""
+    find, whose source (or a package's __init__.py above it) does not compile, or whose
+    source defines no such function at its top level."""
     module, colon, function = value.partition(":")
     if not colon:
         return
-    file, problem = _module_file(module, reward_search_path(spec))
-    if problem:
+    found = _module_file(module, reward_search_path(spec))
+    if found.problem:
         beside = os.path.join(spec.spec_dir or ".", *module.split(".")[:-1],
                               module.split(".")[-1] + ".py")
         yield Finding(key,
-                      f"{key} = {value!r}: {problem}, looked for as the driver will: "
+                      f"{key} = {value!r}: {found.problem}, looked for as the driver will: "
                       "in the spec's folder, the job's PYTHONPATH and the installed packages",
                       help=f"put {module.split('.')[0]} beside the spec ({beside}), install "
                       "it where the job runs, or add its folder to PYTHONPATH in [cluster.env]")
         return
-    if file and _defines(file, function) is False:
+    for source in [*found.packages, *([found.file] if found.file else [])]:
+        if (error := _syntax_error(source)) is not None:
+            yield Finding(key,
+                          f"{key} = {value!r}: {error}; the driver's import of {module} "
+                          "would stop the job at start",
+                          help=f"correct the syntax there; `python -m py_compile {source}` "
+                          "shows the same error")
+            return
+    if found.file and _defines(found.file, function) is False:
         yield Finding(key,
-                      f"{key} = {value!r}: {file} defines no {function!r} at its "
+                      f"{key} = {value!r}: {found.file} defines no {function!r} at its "
                       "top level",
                       help=f"the name of a function of {module}, or define {function} there")
