@@ -8,24 +8,73 @@ docs/design.md, "The reward server".
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import http.client
 import json
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 # HTTP statuses after which the same request may succeed
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+# OSError numbers of a host that cannot be reached (as against one that refuses)
+UNREACHABLE = (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN,
+               errno.EADDRNOTAVAIL)
+# characters of an answer's body quoted in messages
+BODY_START = 200
 
 
 class RewardServerError(RuntimeError):
     """The server stayed unreachable, or answered what is not {"scores": [...]} of the
-    batch's length; the message names the server and the batch's first sample."""
+    batch's length; the message names the server, the batch's first sample and what failed:
+    a refused connection, an unreachable host, a timeout, or an HTTP status."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why one request got no usable answer, in the words of messages."""
+
+    kind: str  # "refused", "unreachable", "timeout", "broken", "http"
+    detail: str
+    retry: bool  # whether the same request may succeed
+    status: int | None = None  # the HTTP status, for kind "http"
+
+    def advice(self, server: RewardServer) -> str:
+        host = f"{server.host}:{server.port}"
+        return {
+            "refused": f"nothing accepts connections at {host}: is the server running, and "
+                       "on this port?",
+            "unreachable": f"{host} cannot be reached from this node: is the host name "
+                           "right, and is the server reachable from the head node?",
+            "timeout": "make the server answer faster (or smaller batches), or raise "
+                       "rollout.reward_timeout_s",
+            "broken": "the server or something between closed the exchange: see the "
+                      "server's log",
+            "http": "the server is up and reports an error: see the server's log",
+        }[self.kind]
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    reason: str
+    body: bytes
+    location: str | None  # a redirect's Location header
+
+
+def _body_start(body: bytes) -> str:
+    text = body[:BODY_START].decode("utf-8", "replace")
+    return repr(text) + (" ..." if len(body) > BODY_START else "")
 
 
 class RewardServer:
-    """Scores samples by POSTing them to a URL, batch by batch."""
+    """Scores samples by POSTing them to a URL, batch by batch. rollout.reward_timeout_s
+    (timeout_s) bounds each request as a whole: connecting, sending, and reading the whole
+    answer, however slowly its bytes come."""
 
     def __init__(self, url: str, timeout_s: float = 300.0, retries: int = 3,
                  batch_size: int = 64, backoff_s: float = 0.5,
@@ -33,51 +82,119 @@ class RewardServer:
         self.url, self.timeout_s, self.retries = url, timeout_s, retries
         self.batch_size, self.backoff_s, self.log = batch_size, backoff_s, log
         self.name = url
+        parts = urllib.parse.urlsplit(url)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or ""
+        self.port = parts.port or (443 if self.https else 80)
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
     def configured(self, timeout_s: float, log: Callable[[str], None]) -> RewardServer:
         return RewardServer(self.url, timeout_s, self.retries, self.batch_size, self.backoff_s,
                             log)
 
-    def _post(self, payload: bytes, first: str, count: int) -> list:
-        problem, attempts = "", 0
+    def _exchange(self, payload: bytes) -> Answer | Failure:
+        """One POST, ended at timeout_s from its start: a timer shuts the socket down, which
+        wakes a connect, send or read blocked on it (a per-read socket timeout never fires
+        on an answer that drips in a byte at a time)."""
+        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        connection = kind(self.host, self.port, timeout=self.timeout_s)
+        expired = threading.Event()
+        phase = f"connecting to {self.host}:{self.port}"
+
+        def expire():
+            expired.set()
+            if connection.sock is not None:
+                with contextlib.suppress(OSError):
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            connection.connect()
+            if expired.is_set():  # the name lookup and connect took the whole time
+                raise TimeoutError
+            phase = "sending the request"
+            connection.request("POST", self.path, body=payload,
+                               headers={"Content-Type": "application/json"})
+            phase = "waiting for the answer"
+            response = connection.getresponse()
+            phase = f"reading the answer (HTTP {response.status})"
+            body = response.read()
+            return Answer(response.status, response.reason, body,
+                          response.getheader("Location"))
+        except (OSError, http.client.HTTPException) as err:
+            if expired.is_set() or isinstance(err, TimeoutError):
+                return Failure("timeout", f"timed out {phase}: no complete answer within "
+                               f"rollout.reward_timeout_s = {self.timeout_s:g} s (for "
+                               "connecting, sending and the whole answer)", retry=True)
+            return self._failure(err, phase)
+        finally:
+            timer.cancel()
+            connection.close()
+
+    def _failure(self, err: Exception, phase: str) -> Failure:
+        what = f"{type(err).__name__}: {err}"
+        if isinstance(err, ConnectionRefusedError):
+            return Failure("refused", f"connection refused by {self.host}:{self.port}",
+                           retry=True)
+        if isinstance(err, socket.gaierror):
+            return Failure("unreachable", f"the host name {self.host!r} does not resolve "
+                           f"({err.strerror})", retry=True)
+        if isinstance(err, OSError) and err.errno in UNREACHABLE:
+            return Failure("unreachable", f"{self.host}:{self.port} is unreachable ({what})",
+                           retry=True)
+        # a body cut short, a line that is no status line, a reset: the next may succeed
+        return Failure("broken", f"the exchange broke off {phase} ({what})", retry=True)
+
+    def _judge(self, answer: Answer) -> Failure | None:
+        """A Failure for an answer whose status is not 2xx."""
+        if 200 <= answer.status < 300:
+            return None
+        detail = f"HTTP {answer.status} {answer.reason}"
+        if 300 <= answer.status < 400 and answer.location:
+            detail += f" to {answer.location} (set rollout.reward to the URL it names)"
+        elif answer.body:
+            detail += f", body {_body_start(answer.body)}"
+        return Failure("http", detail, retry=answer.status in RETRY_STATUSES,
+                       status=answer.status)
+
+    def _attempts(self, payload: bytes, retry_status: bool = True) -> tuple[Answer | Failure,
+                                                                             int]:
+        """The first 2xx answer, else the last failure, after up to `retries` repeats of a
+        request that may succeed (HTTP statuses only when retry_status); and the attempts."""
+        outcome: Answer | Failure = Failure("broken", "no attempt", retry=False)
         for attempt in range(self.retries + 1):
-            attempts = attempt + 1
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=payload, method="POST",
-                                             headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
-                    body = answer.read()
-            except urllib.error.HTTPError as err:
-                problem = f"HTTP {err.code} {err.reason}"
-                if err.code not in RETRY_STATUSES:
-                    break
-                continue
-            # http.client.HTTPException: the exchange broke (a body cut short, a line that is
-            # no status line); neither is an OSError, and the next request may succeed
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError,
-                    http.client.HTTPException) as err:
-                problem = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
-                continue
-            try:
-                scores = json.loads(body)["scores"]
-            except (ValueError, KeyError, TypeError):
-                raise RewardServerError(
-                    f"reward server {self.name} answered {body[:200]!r} for the batch of "
-                    f"{count} sample(s) from {first}: expected JSON "
-                    '{"scores": [...]}') from None
-            if not isinstance(scores, list) or len(scores) != count:
-                raise RewardServerError(
-                    f"reward server {self.name} returned "
-                    f"{len(scores) if isinstance(scores, list) else type(scores).__name__} "
-                    f"score(s) for a batch of {count} from {first}")
-            return scores
-        raise RewardServerError(
-            f"reward server {self.name} failed {attempts} time(s) for the batch of "
-            f"{count} sample(s) from {first}: {problem}; is it running and "
-            "reachable from the head node? (rollout.reward_timeout_s = "
-            f"{self.timeout_s:g} s per request)")
+            outcome = self._exchange(payload)
+            if isinstance(outcome, Answer):
+                outcome = self._judge(outcome) or outcome
+            if isinstance(outcome, Answer) or not outcome.retry or (
+                    outcome.kind == "http" and not retry_status):
+                return outcome, attempt + 1
+        return outcome, self.retries + 1
+
+    def _post(self, payload: bytes, first: str, count: int) -> list:
+        outcome, attempts = self._attempts(payload)
+        if isinstance(outcome, Failure):
+            raise RewardServerError(
+                f"reward server {self.name} failed {attempts} time(s) for the batch of "
+                f"{count} sample(s) from {first}: {outcome.detail}; {outcome.advice(self)}")
+        body = outcome.body
+        try:
+            scores = json.loads(body)["scores"]
+        except (ValueError, KeyError, TypeError):
+            raise RewardServerError(
+                f"reward server {self.name} answered {body[:BODY_START]!r} for the batch of "
+                f"{count} sample(s) from {first}: expected JSON "
+                '{"scores": [...]}') from None
+        if not isinstance(scores, list) or len(scores) != count:
+            raise RewardServerError(
+                f"reward server {self.name} returned "
+                f"{len(scores) if isinstance(scores, list) else type(scores).__name__} "
+                f"score(s) for a batch of {count} from {first}")
+        return scores
 
     def fetch(self, calls: Sequence[dict], describe: Callable[[int], str]) -> list:
         """What the server returned per call (each a sample's prompt, response, label and
