@@ -44,6 +44,7 @@ from runtime.node.ray_bootstrap import (
 from vime.launch import lock
 from vime.launch import ports as port_plan
 from vime.launch.jobdir import DEFAULT_DRIVER
+from vime.launch.resume import job_save_dir
 
 POLL_S = 0.5
 WORKER_STOP_WAIT_S = 15.0
@@ -236,7 +237,7 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
             outcome.update(state="failed", error=outcome["ray_lost"])
         outcome["finished"] = time.time()
         if outcome["state"] != "requeued":  # the next attempt is the same job and keeps it
-            lock.release(ctx.job_dir.parent, ctx.job_id)
+            lock.release_run(_run_folders(ctx), ctx.job_id)
         _write_json(ray_dir / f"done-{ctx.attempt}", {"state": outcome["state"]})
         if not _signalled:  # signalled, the workers were too (scancel, vime cancel)
             _wait_for_workers(ctx)
@@ -247,20 +248,30 @@ def _run_head(ctx: NodeContext, launch: dict, node: RayNode, common: dict, start
             print(f"vime: job failed: {outcome['error']}", file=sys.stderr, flush=True)
 
 
+def _run_folders(ctx: NodeContext) -> tuple[lock.RunFolder, ...]:
+    return lock.run_folders(ctx.job_dir.parent, job_save_dir(ctx.job_dir))
+
+
 def _hold_experiment(ctx: NodeContext) -> None:
-    """The experiment's lock for this job (vime/launch/lock.py): already this job's when
-    `vime submit` took it; taken here for a job.sbatch submitted by hand.
+    """The locks of the folders this job writes, its experiment and its checkpoint folder
+    (vime/launch/lock.py): already this job's when `vime submit` took them; taken here for a
+    job.sbatch submitted by hand.
 
     Raises:
-        PreflightError: another live job holds the experiment.
+        PreflightError: another live job holds one of them, or one cannot be written.
     """
     info = _read_json(ctx.job_dir / "job.json") or {}
     launcher = info.get("launcher", "slurm")
     try:
-        lock.acquire(ctx.job_dir.parent, lock.holder_now(
-            ctx.job_id, launcher, None if launcher == "slurm" else os.getpid()))
+        lock.acquire_run(_run_folders(ctx), lock.holder_now(
+            ctx.job_id, launcher, None if launcher == "slurm" else os.getpid(),
+            ctx.job_dir.parent))
     except lock.ExperimentLocked as err:
         raise PreflightError(str(err)) from None
+    except OSError as err:
+        raise PreflightError(f"cannot take the run's lock in {err.filename or ''}: "
+                             f"{err.strerror or err}; make model.save and "
+                             "experiment.output_dir writable folders") from None
 
 
 class _RayWatch(threading.Thread):

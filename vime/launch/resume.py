@@ -37,12 +37,25 @@ def load_dir(spec, experiment_dir: Path) -> Path:
     return Path(model.load or model.save or experiment_dir / "checkpoints")
 
 
+def save_dir(spec, experiment_dir: Path) -> Path:
+    """The folder the job saves its checkpoints (and HF folders) into."""
+    return Path(spec.model.save or experiment_dir / "checkpoints")
+
+
 def job_load_dir(job_dir: Path) -> Path:
     """load_dir of a written job folder: its resolved.toml has the paths absolute."""
     import tomllib
 
     model = tomllib.loads((job_dir / "resolved.toml").read_text())["model"]
     return Path(model.get("load") or model.get("save") or job_dir.parent / "checkpoints")
+
+
+def job_save_dir(job_dir: Path) -> Path:
+    """save_dir of a written job folder."""
+    import tomllib
+
+    model = tomllib.loads((job_dir / "resolved.toml").read_text())["model"]
+    return Path(model.get("save") or job_dir.parent / "checkpoints")
 
 
 def start_point(spec, experiment_dir: Path) -> StartPoint:

@@ -134,25 +134,39 @@ def write_folder(prepared: Prepared, job_id: str) -> JobFolder:
     return folder
 
 
+def run_folders(prepared: Prepared) -> tuple[lock.RunFolder, ...]:
+    """The folders the job writes, each held by one job at a time (vime/launch/lock.py)."""
+    return lock.run_folders(prepared.experiment_dir,
+                            resume.save_dir(prepared.plan.spec, prepared.experiment_dir))
+
+
 def check_lock(prepared: Prepared) -> None:
-    """Raises SubmitError naming the job that holds the experiment (vime/launch/lock.py)."""
+    """Raises SubmitError naming the job that holds the experiment or the checkpoint folder
+    (vime/launch/lock.py)."""
     try:
-        lock.check(prepared.experiment_dir)
+        lock.check_run(run_folders(prepared))
     except lock.ExperimentLocked as err:
         raise SubmitError(str(err)) from None
 
 
 def _acquire(prepared: Prepared, job_id: str, launcher: str, pid: int | None) -> None:
     try:
-        replaced = lock.acquire(prepared.experiment_dir, lock.holder_now(job_id, launcher, pid))
+        replaced = lock.acquire_run(run_folders(prepared), lock.holder_now(
+            job_id, launcher, pid, prepared.experiment_dir))
     except lock.ExperimentLocked as err:
         raise SubmitError(str(err)) from None
     except OSError as err:
-        raise environment_error(err, "the experiment's lock in", "experiment.output_dir") \
-            from None
-    if replaced is not None:
-        print(f"vime: {replaced.describe()} is gone; its lock on the experiment is taken over",
+        key = "model.save" if prepared.plan.spec.model.save and \
+            Path(err.filename or "").is_relative_to(prepared.plan.spec.model.save) \
+            else "experiment.output_dir"
+        raise environment_error(err, "the run's lock in", key) from None
+    for stale in replaced:
+        print(f"vime: {stale.describe()} is gone; its lock on the run's folders is taken over",
               file=sys.stderr, flush=True)
+
+
+def _release(prepared: Prepared, job_id: str) -> None:
+    lock.release_run(run_folders(prepared), job_id)
 
 
 def submit_slurm(prepared: Prepared) -> JobFolder:
@@ -177,7 +191,7 @@ def submit_slurm(prepared: Prepared) -> JobFolder:
         slurm.release(job_id)
     except BaseException:
         slurm.cancel(job_id)
-        lock.release(prepared.experiment_dir, job_id)
+        _release(prepared, job_id)
         raise
     return folder
 
@@ -199,7 +213,7 @@ def _run_here(prepared: Prepared, job_id: str, launcher: str, on_start,
             on_start(folder)
         code = run(folder.path)
     finally:
-        lock.release(prepared.experiment_dir, job_id)
+        _release(prepared, job_id)
     return folder, code
 
 
