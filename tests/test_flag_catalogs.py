@@ -26,6 +26,11 @@ def plan(*extra: str, sets=()):
                     name="specs/qwen3_30b.toml", spec_dir=SEED.parent)
 
 
+def clean(result) -> bool:
+    """No diagnostic but V730's: the seed's model folder is a cluster's, not on this machine."""
+    return not [d for d in result.diagnostics if d.code != "V730"]
+
+
 def found(result, code):
     return [d for d in result.diagnostics if d.code == code]
 
@@ -46,7 +51,7 @@ def test_the_issues_three_examples_are_caught_with_the_librarys_words():
 
 def test_flags_are_read_as_vllms_parser_reads_them():
     # underscores are dashes; a unique prefix is the flag (a warning); a switch's false form
-    assert plan("--max_num_seqs=64").ok and not plan("--max_num_seqs=64").diagnostics
+    assert plan("--max_num_seqs=64").ok and clean(plan("--max_num_seqs=64"))
     [abbrev] = found(plan("--max-num-seq=64"), "V511")
     assert abbrev.severity == "warning" and "--max-num-seqs" in abbrev.message
     [amb] = found(plan("--max-num=64"), "V511")
@@ -61,7 +66,7 @@ def test_flags_are_read_as_vllms_parser_reads_them():
     assert "not a JSON flag" in dotted.message
     [bad_json] = found(plan("--compilation-config={mode: 3"), "V512")
     assert "JSON" in bad_json.message
-    assert not plan("--max-num-batched-tokens=16k", "--attention-backend=None").diagnostics
+    assert clean(plan("--max-num-batched-tokens=16k", "--attention-backend=None"))
 
 
 def test_a_flag_some_versions_lack_is_a_warning_with_the_spelling_all_take():

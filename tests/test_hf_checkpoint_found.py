@@ -50,8 +50,9 @@ def test_a_relative_folder_beside_the_spec_is_found_as_the_runtime_finds_it(tmp_
     assert _v730(run_text(spec.read_text(), spec_dir=tmp_path).diagnostics)
 
 
-def test_an_absolute_path_may_exist_on_the_cluster_only_so_plan_says_nothing():
-    assert not _v730(run_text(SPEC.read_text(), spec_dir=SPEC.parent).diagnostics)
+def test_an_absolute_path_not_here_is_a_warning_and_random_init_needs_no_folder():
+    [diag] = _v730(run_text(SPEC.read_text(), spec_dir=SPEC.parent).diagnostics)
+    assert diag.severity == "warning" and "the job's nodes must have it" in diag.message
     tiny = ROOT / "specs" / "tiny_cpu.toml"  # random_init: no weights, a built tokenizer
     assert not _v730(run_text(tiny.read_text(), spec_dir=tiny.parent).diagnostics)
 

@@ -40,8 +40,10 @@ CASES = {
 }
 
 # The warnings that are true of a case (the disaggregated actor has 8 GPUs for the whole optimizer
-# state on the GPU: its headroom may be small, which V801 would say).
+# state on the GPU: its headroom may be small, which V801 would say). Every case's
+# model.hf_checkpoint is a cluster's folder, not on this machine: V730 says the nodes must have it.
 TRUE_WARNINGS = {"disaggregated": {"V801"}}
+EVERY_CASE = {"V730"}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -51,4 +53,4 @@ def test_unusual_but_correct_specs_plan_clean(name):
     found = [(d.severity, d.code, d.message) for d in result.diagnostics]
     assert result.ok and result.plan is not None and result.plan.memory is not None, found
     assert not [f for f in found if f[0] == "error"], found
-    assert {code for _, code, _ in found} <= TRUE_WARNINGS.get(name, set()), found
+    assert {code for _, code, _ in found} <= TRUE_WARNINGS.get(name, set()) | EVERY_CASE, found

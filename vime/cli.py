@@ -139,8 +139,9 @@ def cmd_import(args) -> int:
         raise UsageError(str(err)) from None
 
 
-def _load(args) -> tuple:
+def _load(args, strict: bool | None = None) -> tuple:
     """Run the pipeline on args.spec with args.sets; return (source, pipeline result).
+    strict: whether warnings are errors (None: args.strict).
 
     Raises:
         UsageError: the spec file cannot be read.
@@ -155,8 +156,8 @@ def _load(args) -> tuple:
     # V708, V709 judge the checkpoint a submit would resume from: `submit --fresh` leaves it
     # where it is, and `convert` writes the initial weights, which do not load it
     resume = args.verb != "convert" and not getattr(args, "fresh", False)
-    result = pipeline.run_file(args.spec, data, args.sets, path.resolve().parent, args.strict,
-                               resume=resume)
+    result = pipeline.run_file(args.spec, data, args.sets, path.resolve().parent,
+                               args.strict if strict is None else strict, resume=resume)
     return result.source, result
 
 
@@ -258,14 +259,18 @@ def cmd_submit(args) -> int:
             detached launcher fails to start (main() prints it and exits 2).
     """
     from vime.emit import plan_json
+    from vime.diagnostics import finalize
     from vime.launch import resume, shared, submit
 
-    source, result = _load(args)
+    # warnings become errors (--strict) once the launcher's own checks have joined them, so
+    # that one submit reports them all
+    source, result = _load(args, strict=False)
     launcher = "local" if args.local else "ray-address" if args.ray_address else "slurm"
-    if result.ok:
+    if not result.ok:
+        result.diagnostics = finalize(result.diagnostics, args.strict)
+    else:
         from vime.check import files
         from vime.check.cluster import hidden_in_local_environment
-        from vime.diagnostics import finalize
 
         # the checkpoint folder where this launcher's job reads it (V730)
         default_driver = (os.environ.get("VIME_DRIVER") or submit.DEFAULT_DRIVER) == \

@@ -1,8 +1,8 @@
 """V730-V731: model.hf_checkpoint and data.prompt_data on the machine vime runs on.
 
 resolve looks the folder up as the runtime will (Spec.hf_folder); the rule reports what plan
-and compile can know, and `vime submit` adds what its launcher decides (at_submit): a job run
-here (`--local`) reads this machine's folder, a Slurm job its nodes'."""
+and compile can know, and `vime submit --local` makes a missing folder an error (at_submit):
+a job run here reads this machine's folder, a Slurm job its nodes'."""
 
 from __future__ import annotations
 
@@ -38,49 +38,47 @@ def hf_checkpoint_found(spec: Spec):
     runtime/core/slices.py reads it); a Hugging Face model id such as "Qwen/Qwen3-8B" reads as
     such a path, and the runtime does not download it. Not checked with model.random_init,
     which needs no weights.
-    `vime plan` and `compile` warn about a relative path found in neither folder; an absolute
-    path may exist only on the cluster, so they say nothing about it. `vime submit` says more:
-    to Slurm or a Ray cluster (and with --dry-run) an absolute path that is not on this machine
-    is a warning (the nodes must have it), and with --local, where the job reads this
-    machine's files, a folder that is missing or has no tokenizer is an error.
+    `vime plan`, `compile` and `submit` warn about a relative path found in neither folder,
+    and about an absolute path that is not on this machine (the job's nodes must have it: a
+    cluster's file system may not be mounted where vime runs, hence a warning). With
+    `vime submit --local`, where the job reads this machine's files, a folder that is missing
+    or has no tokenizer is an error.
     Fix: download the checkpoint into a folder (`huggingface-cli download ORG/NAME
     --local-dir FOLDER`) and set model.hf_checkpoint to that folder's absolute path."""
     found = spec.hf_folder
-    if found is None or spec.model.random_init or found.exists or not found.relative:
+    if found is None or spec.model.random_init or found.exists:
         return
     value = spec.model.hf_checkpoint
-    yield Finding(KEY, f"{KEY} = {value!r} is a folder neither beside the spec nor in the "
-                  "folder vime runs in, where the runtime reads a relative path from",
-                  help=_download_help(value))
+    if found.relative:
+        yield Finding(KEY, f"{KEY} = {value!r} is a folder neither beside the spec nor in the "
+                      "folder vime runs in, where the runtime reads a relative path from",
+                      help=_download_help(value))
+    else:
+        yield Finding(KEY, f"{KEY} = {value!r} is not on this machine: the job's nodes must "
+                      "have it, or the driver stops after the queue wait",
+                      help=f"check it on a node (`srun -N1 ls {value}`), or "
+                      + _download_help(value))
 
 
 def at_submit(spec: Spec, launcher: str, default_driver: bool) -> list[Diagnostic]:
-    """V730 for `vime submit`: with --local (and the default driver, which loads the
-    tokenizer) a folder missing here or without a tokenizer is an error; to Slurm or a Ray
-    cluster an absolute path missing here is a warning."""
+    """V730 for `vime submit --local` (with the default driver, which loads the tokenizer):
+    a folder missing here or without a tokenizer is an error. To Slurm or a Ray cluster the
+    rule's warnings stand."""
     found = spec.hf_folder
-    if found is None or spec.model.random_init or not default_driver:
+    if found is None or spec.model.random_init or not default_driver or launcher != "local":
         return []
     value = spec.model.hf_checkpoint
-    location = spec.origin(KEY).location
-    if launcher == "local":
-        if not found.exists:
-            problem = f"is not a folder on this machine ({found.path})"
-        elif not found.tokenizer:
-            problem = (f"has no tokenizer.json or tokenizer_config.json ({found.path}): the "
-                       "driver stops at start")
-        else:
-            return []
-        return [Diagnostic("error", "V730", tuple(KEY.split(".")),
-                           f"{KEY} = {value!r} {problem}; `vime submit --local` runs the job "
-                           "on this machine", location, help=_download_help(value))]
-    if found.exists or found.relative:
-        return []  # a relative path missing here is the rule's warning already
-    return [Diagnostic("warning", "V730", tuple(KEY.split(".")),
-                       f"{KEY} = {value!r} is not on this machine: the job's nodes must have "
-                       "it, or the driver stops after the queue wait", location,
-                       help=f"check it on a node (`srun -N1 ls {value}`), or "
-                       + _download_help(value))]
+    if not found.exists:
+        problem = f"is not a folder on this machine ({found.path})"
+    elif not found.tokenizer:
+        problem = (f"has no tokenizer.json or tokenizer_config.json ({found.path}): the "
+                   "driver stops at start")
+    else:
+        return []
+    return [Diagnostic("error", "V730", tuple(KEY.split(".")),
+                       f"{KEY} = {value!r} {problem}; `vime submit --local` runs the job "
+                       "on this machine", spec.origin(KEY).location,
+                       help=_download_help(value))]
 
 
 # the names datasets give the prompt and the answer, most usual first
