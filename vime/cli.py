@@ -258,8 +258,8 @@ def cmd_submit(args) -> int:
         UsageError: the spec cannot be read, the checkpoint or submission is refused, or a
             detached launcher fails to start (main() prints it and exits 2).
     """
-    from vime.emit import plan_json
     from vime.diagnostics import finalize
+    from vime.emit import plan_json
     from vime.launch import resume, shared, submit
 
     # warnings become errors (--strict) once the launcher's own checks have joined them, so
