@@ -165,7 +165,8 @@ class GRPOLoop:
         Raises:
             NonFiniteError: an advantage, log-prob or training number is NaN or infinite
                 (runtime/rl/guards.py).
-            RewardError: the reward function fails or returns no number (runtime/rl/rewards.py).
+            RewardError: the reward function fails or returns no number, or a reward server
+                does not answer the probe before the first rollout (runtime/rl/rewards.py).
             RolloutFunctionError: rollout.function fails (runtime/rl/custom_rollout.py).
             EngineFailed: an engine died more often than max_restarts allows
                 (runtime/workers/supervisor.py).
@@ -176,6 +177,7 @@ class GRPOLoop:
             self.log(f"vime: nothing to do: the checkpoint is at rollout {self.next_rollout}, "
                      f"rollout.num_rollout = {config.num_rollout}")
             return
+        self.probe_rewards()
         start = time.perf_counter()
         if config.takes_turns:
             self.train.offload()
@@ -194,6 +196,19 @@ class GRPOLoop:
                                                   **self.evaluator.run(self.rollout,
                                                                        config.num_rollout)})
         self.metrics.close()
+
+    def probe_rewards(self) -> None:
+        """Ask each reward server (rollout.reward's, [[eval.datasets]]' rewards) for an
+        answer once, before anything is generated.
+
+        Raises:
+            RewardError: a server refuses, cannot be reached or does not answer in time.
+        """
+        probed = set()
+        for scorer in (self.score, *(s.reward_fn for s in self.evaluator.sets)):
+            if scorer.name not in probed:
+                probed.add(scorer.name)
+                scorer.probe()
 
     def commit_checkpoint(self) -> None:
         """The rollout's checkpoint made visible, after its metrics line is written: a stop

@@ -2,8 +2,8 @@
 are POSTed in batches, and every score comes back checked as a reward function's is.
 
 This module moves the bytes; runtime/rl/rewards.py calls it and checks every score as it
-checks a reward function's. The request, the response and what a failed batch does:
-docs/design.md, "The reward server".
+checks a reward function's. The request, the response, the probe before the first rollout
+and what a failed batch does: docs/design.md, "The reward server".
 """
 
 from __future__ import annotations
@@ -195,6 +195,34 @@ class RewardServer:
                 f"{len(scores) if isinstance(scores, list) else type(scores).__name__} "
                 f"score(s) for a batch of {count} from {first}")
         return scores
+
+    def probe(self) -> None:
+        """POST an empty batch ({"samples": []}) once, before the first rollout: a server that
+        refuses, cannot be reached or does not answer within timeout_s (after the retries)
+        stops the run before anything is generated; one that answers an HTTP error is
+        named in the log, since a server may fail on an empty batch alone.
+
+        Raises:
+            RewardServerError: no answer (refused, unreachable, timeout, broken off), or
+                HTTP 404 or 405: no POST handler at the URL's path.
+        """
+        started = time.monotonic()
+        outcome, attempts = self._attempts(b'{"samples": []}', retry_status=False)
+        seconds = time.monotonic() - started
+        if isinstance(outcome, Failure) and (outcome.kind != "http"
+                                             or outcome.status in (404, 405)):
+            advice = (f"nothing takes a POST at {self.path}: is the path right?"
+                      if outcome.kind == "http" else outcome.advice(self))
+            raise RewardServerError(
+                f"reward server {self.name} did not answer the probe before the first "
+                f"rollout ({attempts} attempt(s), an empty batch): {outcome.detail}; "
+                f"{advice}")
+        if isinstance(outcome, Failure):
+            self.log(f"vime: reward server {self.name} answered an empty batch (the probe "
+                     f"before the first rollout) with {outcome.detail}; going on, as a server "
+                     "may fail on an empty batch alone")
+            return
+        self.log(f"vime: reward server {self.name} answered the probe in {seconds:.2f} s")
 
     def fetch(self, calls: Sequence[dict], describe: Callable[[int], str]) -> list:
         """What the server returned per call (each a sample's prompt, response, label and

@@ -374,6 +374,9 @@ class RewardCaller:
         finally:
             signal.signal(self.SIGNAL, previous)
 
+    def probe(self) -> None:
+        """Nothing to check before the first rollout: load() imported the function."""
+
     def __call__(self, sample: Sample, **kwargs) -> tuple[float, dict[str, float]]:
         """(score, extras) of one sample.
 
@@ -427,6 +430,18 @@ class ServerCaller:
         self.server = RewardServer(server.url, timeout_s, server.retries, server.batch_size,
                                    server.backoff_s, log)
         self.name = server.url
+
+    def probe(self) -> None:
+        """POST the server an empty batch before the first rollout (RewardServer.probe).
+
+        Raises:
+            RewardError: the server refuses, cannot be reached, does not answer in time, or
+                has no POST handler at the URL's path.
+        """
+        try:
+            self.server.probe()
+        except RewardServerError as err:
+            raise RewardError(str(err)) from None
 
     def __call__(self, sample: Sample, **call) -> tuple[float, dict[str, float]]:
         """(score, extras) of one sample (a batch of one).

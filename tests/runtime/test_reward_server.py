@@ -128,9 +128,9 @@ def test_the_loop_scored_by_a_server_repeats_the_loop_scored_in_process(tmp_path
         _, _, remote = job_config(tmp_path / "b", "remote", rollout__num_rollout="2",
                                   rollout__reward=json.dumps(server.url))
         in_process_loop(remote).run()
-    # the evaluation's 100 samples before rollout 0 (tiny_cpu.toml's [[eval.datasets]], the
-    # rollout's reward), then each rollout's 64, in batches of at most 64
-    assert server.batches == [64, 36, 64, 64]
+    # the probe's empty batch, the evaluation's 100 samples before rollout 0 (tiny_cpu.toml's
+    # [[eval.datasets]], the rollout's reward), then each rollout's 64, in batches of at most 64
+    assert server.batches == [0, 64, 36, 64, 64]
     local_records, remote_records = metrics(local.job_dir), metrics(remote.job_dir)
     assert "eval/arith/reward" in remote_records[0]
     for want, have in zip(local_records, remote_records, strict=True):

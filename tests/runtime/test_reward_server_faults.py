@@ -9,8 +9,10 @@ import json
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from runtimekit import in_process_loop, job_config, metrics
 
 from runtime.rl import rewards
 from runtime.rl.rewards import RewardError, Sample
@@ -95,3 +97,115 @@ def test_an_answer_dripping_a_byte_at_a_time_is_cut_at_the_timeout(from_byte):
     assert seconds < 4.0  # two attempts of 1 s
     assert "failed 2 time(s)" in message
     assert "no complete answer within rollout.reward_timeout_s = 1 s" in message
+
+
+class ErrorServer:
+    """A loopback HTTP server whose every POST gets `status` with `body`, counting them."""
+
+    def __init__(self, status: int, body: bytes):
+        self.status, self.body, self.requests = status, body, []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802  (http.server's name)
+                owner.requests.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(owner.status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(owner.body)))
+                self.end_headers()
+                self.wfile.write(owner.body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def failure(url: str, **options) -> str:
+    with pytest.raises(RewardError) as caught:
+        scorer(url, 5.0, backoff_s=0.01, **options).score_many(SAMPLES, CALLS)
+    return str(caught.value)
+
+
+def test_a_refused_connection_says_nothing_listens():
+    port = free_port()
+    message = failure(f"http://127.0.0.1:{port}/score", retries=1)
+    assert "failed 2 time(s) for the batch of 2 sample(s) from rollout 0, sample 0" in message
+    assert f"connection refused by 127.0.0.1:{port}" in message
+    assert "is the server running, and on this port?" in message
+
+
+def test_a_host_name_that_does_not_resolve_says_so():
+    message = failure("http://reward-host.invalid:8000/score", retries=0)
+    assert "the host name 'reward-host.invalid' does not resolve" in message
+    assert "is the host name right" in message
+
+
+def test_an_http_error_names_the_status_and_the_start_of_the_body():
+    body = b"Traceback (most recent call last):\n  KeyError: 'label'\n" + b"x" * 500
+    with ErrorServer(500, body) as server:
+        message = failure(server.url, retries=1)
+    assert len(server.requests) == 2  # a 500 is retried
+    assert "HTTP 500 Internal Server Error, body " in message
+    assert r"Traceback (most recent call last):\n  KeyError: 'label'" in message
+    assert message.count("x") < 250
+    assert "the server is up and reports an error" in message
+    assert "reachable" not in message
+
+
+def test_a_client_error_is_not_retried():
+    with ErrorServer(422, b'{"detail": "samples.0.label: field required"}') as server:
+        message = failure(server.url, retries=3)
+    assert len(server.requests) == 1
+    assert "failed 1 time(s)" in message and "HTTP 422" in message
+    assert "field required" in message
+
+
+def test_the_probe_stops_at_a_refused_server_and_logs_an_error_status():
+    port = free_port()
+    with pytest.raises(RewardError, match=rf"did not answer the probe before the first rollout "
+                       rf"\(2 attempt\(s\), an empty batch\): connection refused by "
+                       rf"127.0.0.1:{port}"):
+        scorer(f"http://127.0.0.1:{port}/score", 5.0, retries=1, backoff_s=0.01).probe()
+    with ErrorServer(404, b"Not Found") as server, pytest.raises(
+            RewardError, match="HTTP 404 Not Found.*nothing takes a POST at /score"):
+        scorer(server.url, 5.0).probe()
+    lines: list[str] = []
+    with ErrorServer(500, b"IndexError: list index out of range") as server:
+        rewards.caller(rewards.load(server.url), 5.0, log=lines.append).probe()
+    assert server.requests == [b'{"samples": []}']  # once: an empty batch may be all it fails
+    assert "HTTP 500 Internal Server Error, body 'IndexError" in lines[0]
+    assert "going on" in lines[0]
+
+
+def test_the_loop_probes_the_server_before_generating(tmp_path, monkeypatch):
+    port = free_port()
+    _, _, config = job_config(tmp_path, rollout__reward=json.dumps(
+        f"http://127.0.0.1:{port}/score"))
+    loop = in_process_loop(config)
+    loop.score.server.backoff_s = 0.01
+
+    def generate(requests, params):
+        raise AssertionError("generated before the reward server answered")
+
+    monkeypatch.setattr(loop.rollout, "generate", generate)
+    with pytest.raises(RewardError, match="did not answer the probe before the first rollout"):
+        loop.run()
+    assert not (config.job_dir / "metrics.jsonl").exists() or not metrics(config.job_dir)
