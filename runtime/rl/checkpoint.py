@@ -102,6 +102,16 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
+STATE_SUM = "state_sha256"
+
+
+def state_digest(state: dict) -> str:
+    """The sha256 of state.json's content without its own checksum (STATE_SUM): the keys
+    sorted, so it does not depend on the file's layout."""
+    content = {key: value for key, value in state.items() if key != STATE_SUM}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
 def manifest(root: Path) -> dict[str, dict]:
     """{path relative to root: {"bytes", "sha256"}} of every file under root, hashed in
     parallel threads (hashlib releases the GIL on large reads)."""
@@ -187,8 +197,9 @@ def no_space(folder: Path) -> CheckpointError:
 
 def verify(folder: Path, checksums: bool = True) -> str | None:
     """None when a checkpoint's files match what its state.json lists (sizes, and sha256
-    with checksums), else what is wrong, naming the file. A checkpoint whose state.json lists
-    no files (written before the list existed) is only checked for a readable state.json."""
+    with checksums) and state.json matches its own checksum (always: it is small), else what
+    is wrong, naming the file. A state.json without its checksum, or without the file list
+    (written before they existed), is not checked for what it lacks."""
     folder = Path(folder)
     try:
         state = json.loads((folder / STATE).read_text())
@@ -201,13 +212,16 @@ def verify(folder: Path, checksums: bool = True) -> str | None:
                 f"{state.get('format') if isinstance(state, dict) else None}, this vime reads "
                 f"{FORMAT}")
     listed = state.get("files")
-    if listed is None:
-        return None
-    if not isinstance(listed, dict) or not all(
+    if listed is not None and (not isinstance(listed, dict) or not all(
             isinstance(want, dict) and isinstance(want.get("bytes"), int)
-            and isinstance(want.get("sha256"), str) for want in listed.values()):
+            and isinstance(want.get("sha256"), str) for want in listed.values())):
         return (f"{folder / STATE}: its file list is not {{name: {{\"bytes\", \"sha256\"}}}} "
                 "as a save writes it (the file was edited or damaged)")
+    if STATE_SUM in state and state[STATE_SUM] != state_digest(state):
+        return (f"{folder / STATE} does not match its recorded sha256 (the file changed "
+                "after the save)")
+    if listed is None:
+        return None
     for name, want in sorted(listed.items()):
         path = folder / name
         try:
@@ -282,6 +296,9 @@ class Checkpoints:
         for index, folder in enumerate(found):
             problem = verify(folder)
             if problem is None:
+                if STATE_SUM not in self.read_state(folder):
+                    self.log(f"vime: checkpoint {folder}: its state.json has no checksum "
+                             "(written by an older vime), so its own content is not checked")
                 return folder
             older = found[index + 1] if index + 1 < len(found) else None
             if on_corrupt != "previous":
@@ -383,10 +400,11 @@ class Checkpoints:
         try:
             partial.mkdir()
             train.save(partial / "train")
-            files = manifest(partial)
-            (partial / STATE).write_text(json.dumps(
-                {"format": FORMAT, "rollout": rollout_id, **state, "files": files},
-                indent=1) + "\n")
+            # as read back (integer keys become strings), so the digest is the reader's
+            content = json.loads(json.dumps({"format": FORMAT, "rollout": rollout_id, **state,
+                                             "files": manifest(partial)}))
+            content[STATE_SUM] = state_digest(content)
+            (partial / STATE).write_text(json.dumps(content, indent=1) + "\n")
             if record is not None:
                 (partial / run_checkpoint.RECORD_FILE).write_text(
                     json.dumps(record, indent=1) + "\n")
