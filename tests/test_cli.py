@@ -74,8 +74,8 @@ def test_errors_exit_1_with_rendered_diagnostics(capsys, monkeypatch):
         "  = train.parallel.cp at --set[2]:1:19\n"
         "  = train.parallel.pp at specs/qwen3_30b.toml:55:1\n"
         "help: use 2 nodes (16 GPUs), or tp = 4, or cp = 1\n")
-    # and V730's warning: the seed's model folder is a cluster's, not on this machine
-    assert err.rstrip().endswith("1 error, 1 warning")
+    # and V730's and V732's warnings: the seed's model folder and prompts are a cluster's
+    assert err.rstrip().endswith("1 error, 2 warnings")
 
 
 def test_concise_format_and_json_carry_the_same_diagnostic(capsys):

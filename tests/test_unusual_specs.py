@@ -41,9 +41,10 @@ CASES = {
 
 # The warnings that are true of a case (the disaggregated actor has 8 GPUs for the whole optimizer
 # state on the GPU: its headroom may be small, which V801 would say). Every case's
-# model.hf_checkpoint is a cluster's folder, not on this machine: V730 says the nodes must have it.
+# model folder and prompt file are a cluster's, not on this machine: V730 and V732 say the nodes
+# must have them.
 TRUE_WARNINGS = {"disaggregated": {"V801"}}
-EVERY_CASE = {"V730"}
+EVERY_CASE = {"V730", "V732"}
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -276,10 +276,11 @@ def cmd_submit(args) -> int:
         default_driver = (os.environ.get("VIME_DRIVER") or submit.DEFAULT_DRIVER) == \
             submit.DEFAULT_DRIVER
         said = files.at_submit(result.spec, launcher, default_driver)
+        said += files.prompt_files_at_submit(result.spec, launcher, default_driver)  # V732
         if launcher == "local":  # and the GPUs this machine's environment shows (V707)
             said += hidden_in_local_environment(result.spec, os.environ)
-        result.diagnostics = finalize([*(d for d in result.diagnostics if not (
-            d.code == "V730" and any(s.code == "V730" for s in said))), *said], args.strict)
+        result.diagnostics = finalize([*(d for d in result.diagnostics if not any(
+            s.code == d.code and s.path == d.path for s in said)), *said], args.strict)
         if launcher != "local":  # paths the nodes need, on this machine only (V701)
             python = sys.executable if launcher == "slurm" else None  # a Ray cluster: its own
             result.diagnostics = shared.with_unshared(result, source.name, python, args.strict)

@@ -54,10 +54,11 @@ def test_an_unreadable_prompt_file_is_an_error_before_the_job_starts(tmp_path):
     done = vime("submit", str(TINY), "--local", "--set",
                 f'experiment.output_dir="{tmp_path}"', "--set",
                 'data.prompt_data="data/missing.jsonl"', cwd=tmp_path, timeout=60)
-    assert done.returncode == 2, done.stdout + done.stderr
-    # the node's own message (runtime/core/slices.py), from the same folders
-    assert (f"vime: error: data.prompt_data: {TINY.parent / 'data' / 'missing.jsonl'}: no such "
-            f"file (looked in {TINY.parent} and {tmp_path})") in done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr
+    # looked for in the folders the node's own reading looks in (runtime/core/slices.py)
+    assert (f"error[V732]: data.prompt_data = 'data/missing.jsonl' is not a file on this "
+            f"machine ({TINY.parent / 'data' / 'missing.jsonl'})") in done.stderr
+    assert " --> --set[2]:1:18" in done.stderr
     assert not list(tmp_path.iterdir())  # no job folder
 
 

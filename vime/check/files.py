@@ -1,4 +1,4 @@
-"""V730-V731: model.hf_checkpoint and data.prompt_data on the machine vime runs on.
+"""V730-V732: model.hf_checkpoint and the prompt files on the machine vime runs on.
 
 resolve looks the folder up as the runtime will (Spec.hf_folder); the rule reports what plan
 and compile can know, and `vime submit --local` makes a missing folder an error (at_submit):
@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 
-from vime.check.registry import Finding, rule
+from vime.check.registry import Finding, key_path, rule
 from vime.diagnostics import Diagnostic
 from vime.resolve.spec import Spec
 
@@ -79,6 +79,63 @@ def at_submit(spec: Spec, launcher: str, default_driver: bool) -> list[Diagnosti
                        f"{KEY} = {value!r} {problem}; `vime submit --local` runs the job "
                        "on this machine", spec.origin(KEY).location,
                        help=_download_help(value))]
+
+
+@rule("V732", "prompt-file-found", severity="warning", enforced_by="vime")
+def prompt_file_found(spec: Spec):
+    """data.prompt_data or an [[eval.datasets]] table's prompt_data names a file that is not
+    where the driver will look for it.
+
+    The driver reads the prompt files when the job starts: the head node's check before Ray
+    (runtime/node/preflight.py) stops the job after the queue wait with "data.prompt_data:
+    prompts.jsonl: no such file (looked in ... and ...)". A relative path is read from the
+    spec's folder, else from the folder vime runs in (runtime/core/slices.py, _path).
+    `vime plan`, `compile` and `submit` warn about a relative path found in neither folder,
+    and about an absolute path that is not on this machine (the job's nodes must have it: a
+    cluster's file system may not be mounted where vime runs, hence a warning). With
+    `vime submit --local`, where the job reads this machine's files, a missing file is an
+    error.
+    Fix: point the key at the JSON-lines file, by an absolute path on a file system the
+    nodes mount or by a path relative to the spec's folder."""
+    for found in spec.prompt_files:
+        if found.exists:
+            continue
+        value = _written(spec, found.key)
+        if found.relative:
+            yield Finding(found.key, f"{found.key} = {value!r} is a file neither beside the "
+                          "spec nor in the folder vime runs in, where the driver reads a "
+                          "relative path from",
+                          help=f"the spec's folder would hold it as {found.path}; or give "
+                          "the file's absolute path")
+        else:
+            yield Finding(found.key, f"{found.key} = {value!r} is not on this machine: the "
+                          "job's nodes must have it, or the driver stops after the queue wait",
+                          help=f"check it on a node (`srun -N1 ls {value}`), or point "
+                          f"{found.key} at the JSON-lines file on a file system the nodes "
+                          "mount")
+
+
+def _written(spec: Spec, key: str) -> str:
+    """A prompt file key's value as written in the spec."""
+    if key == "data.prompt_data":
+        return spec.data.prompt_data
+    index = int(key.split("[", 1)[1].split("]", 1)[0])
+    return spec.eval.datasets[index].prompt_data
+
+
+def prompt_files_at_submit(spec: Spec, launcher: str, default_driver: bool) -> list[Diagnostic]:
+    """V732 for `vime submit --local` (with the default driver, which reads the prompts): a
+    prompt file missing here is an error. To Slurm or a Ray cluster the rule's warnings
+    stand."""
+    if launcher != "local" or not default_driver:
+        return []
+    return [Diagnostic("error", "V732", key_path(found.key),
+                       f"{found.key} = {_written(spec, found.key)!r} is not a file on this "
+                       f"machine ({found.path}); `vime submit --local` runs the job on this "
+                       "machine", spec.origin(found.key).location,
+                       help=f"point {found.key} at the JSON-lines file, by an absolute path or "
+                       "one relative to the spec's folder")
+            for found in spec.prompt_files if not found.exists]
 
 
 # the names datasets give the prompt and the answer, most usual first

@@ -25,6 +25,7 @@ from vime.resolve.spec import (
     HfFolder,
     ModelConfig,
     Origin,
+    PromptFile,
     PromptSample,
     ResumeCheckpoint,
     SavedLayout,
@@ -90,6 +91,12 @@ def _with_defaults(raw: dict, positions: Positions) -> tuple[dict, dict[str, Ori
             table_out[key] = sub.get("default")
             if "default" in sub:
                 origins[dotted(path)] = Origin("default", repr(sub["default"]))
+    # the keys written in each [[eval.datasets]] table, which schema.leaves() does not list
+    datasets = raw.get("eval", {}).get("datasets") if isinstance(raw.get("eval"), dict) else None
+    for index, dataset in enumerate(datasets if isinstance(datasets, list) else []):
+        for key in dataset if isinstance(dataset, dict) else ():
+            path = ("eval", "datasets", index, key)
+            origins[dotted(path)] = Origin(positions.origin_kind(path), "", positions.locate(path))
     return filled, origins
 
 
@@ -163,14 +170,13 @@ def _as_runtime_finds(value: str, spec_dir: FsPath, cwd: FsPath) -> FsPath:
     return FsPath(os.path.normpath(path))
 
 
-PROMPT_SAMPLE_RECORDS = 20  # how many records of data.prompt_data resolve reads
+PROMPT_SAMPLE_RECORDS = 20  # how many records of each prompt file resolve reads
 
 
-def read_prompt_sample(data: dict, spec_dir: FsPath, cwd: FsPath) -> PromptSample | None:
-    """The first records of data.prompt_data (JSON lines, as runtime/rl/data.py reads them)
-    against data.input_key and data.label_key; None when the file is not readable here."""
-    path = _as_runtime_finds(data["prompt_data"], spec_dir, cwd)
-    wanted = (data["input_key"], data["label_key"])
+def read_prompt_sample(path: FsPath, input_key: str, label_key: str) -> PromptSample | None:
+    """The first records of a prompt file (JSON lines, as runtime/rl/data.py reads them)
+    against its input and label keys; None when the file is not readable here."""
+    wanted = (input_key, label_key)
     records = 0
     first_keys: tuple[str, ...] = ()
     try:
@@ -194,6 +200,27 @@ def read_prompt_sample(data: dict, spec_dir: FsPath, cwd: FsPath) -> PromptSampl
     except (OSError, UnicodeDecodeError):
         return None  # on the cluster only, or unreadable: the job's preflight says so
     return PromptSample(str(path), records, keys=first_keys)
+
+
+def read_prompt_files(values: dict, spec_dir: FsPath, cwd: FsPath) -> tuple[PromptFile, ...]:
+    """data.prompt_data and each [[eval.datasets]] table's prompt_data on this machine, found
+    as the runtime finds them, with their first records when they are readable here."""
+    data = values["data"]
+    named = [("data.prompt_data", data["prompt_data"], data["input_key"], data["label_key"])]
+    named += [(f"eval.datasets[{index}].prompt_data", dataset["prompt_data"],
+               dataset["input_key"], dataset["label_key"])
+              for index, dataset in enumerate(values["eval"]["datasets"] or [])]
+    files = []
+    for key, value, input_key, label_key in named:
+        path = _as_runtime_finds(value, spec_dir, cwd)
+        try:
+            exists = path.exists()
+        except OSError:
+            exists = False
+        files.append(PromptFile(key, str(path), exists,
+                                not FsPath(os.path.expanduser(value)).is_absolute(),
+                                read_prompt_sample(path, input_key, label_key)))
+    return tuple(files)
 
 
 def read_hf_folder(model: dict, spec_dir: FsPath, cwd: FsPath) -> HfFolder:
@@ -367,7 +394,7 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath, resume: bool = Tr
     return Spec(**sections, arch=resolution.arch, derived=derived, arch_problem=problem,
                 model_config=model_config,
                 hf_folder=read_hf_folder(values["model"], spec_dir, FsPath.cwd()),
-                prompt_sample=read_prompt_sample(values["data"], spec_dir, FsPath.cwd()),
+                prompt_files=read_prompt_files(values, spec_dir, FsPath.cwd()),
                 spec_dir=str(spec_dir),
                 torch_dist_layout=saved_layout, resume_checkpoint=resume_checkpoint,
                 invocation=invocation, origins=origins)

@@ -313,7 +313,7 @@ class HfFolder:
 
 @dataclass(frozen=True)
 class PromptSample:
-    """The first records of data.prompt_data, read where vime runs when the file is there."""
+    """The first records of a prompt file, read where vime runs when the file is there."""
 
     path: str
     records: int  # how many were read
@@ -321,6 +321,19 @@ class PromptSample:
     problem: str | None = None  # "not JSON: ...", "not a JSON object"
     keys: tuple[str, ...] = ()  # the keys of the record at `line` (or of the first record)
     missing: tuple[str, ...] = ()  # data.input_key / data.label_key that record lacks
+
+
+@dataclass(frozen=True)
+class PromptFile:
+    """A prompt file the driver reads (data.prompt_data, each [[eval.datasets]] table's),
+    looked for on the machine vime runs on as the runtime looks (runtime/core/slices.py,
+    _path): a relative path from the spec's folder, else from the folder vime runs in."""
+
+    key: str  # the key that names it: data.prompt_data, eval.datasets[0].prompt_data
+    path: str  # absolute: where it was found, or the spec's folder's candidate
+    exists: bool
+    relative: bool  # written as a relative path
+    sample: PromptSample | None  # None when it is not readable here
 
 
 @dataclass(frozen=True)
@@ -357,8 +370,8 @@ class Spec:
     model_config: ModelConfig | None = field(default=None, compare=False)
     # model.hf_checkpoint as found on this machine
     hf_folder: HfFolder | None = field(default=None, compare=False)
-    # None when data.prompt_data is not readable here
-    prompt_sample: PromptSample | None = field(default=None, compare=False)
+    # data.prompt_data, then each [[eval.datasets]] table's prompt_data, as found here
+    prompt_files: tuple[PromptFile, ...] = field(default=(), compare=False)
     # the spec file's folder: relative paths and rollout.reward's module are read from there
     spec_dir: str | None = field(default=None, compare=False)
     # the spec file and its --set arguments as given, for help lines that print a command
@@ -367,6 +380,11 @@ class Spec:
 
     def origin(self, key: str) -> Origin:
         return self.origins.get(key, Origin("default"))
+
+    @property
+    def prompt_sample(self) -> PromptSample | None:
+        """The first records of data.prompt_data; None when it is not readable here."""
+        return self.prompt_files[0].sample if self.prompt_files else None
 
     @property
     def max_model_len(self) -> int:
