@@ -355,6 +355,70 @@ class _Scheduler:
                     "saved") from err
 
 
+# problems of one sample a message lists; the rest are counted
+SHOWN_PROBLEMS = 3
+
+
+def _real(value) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool)
+
+
+def _column(ctx: RolloutContext, name: str) -> tuple[list | None, str | None]:
+    """ctx.<name> as a list, or a problem when the function replaced it by what is not a
+    sequence."""
+    value = getattr(ctx, name)
+    if isinstance(value, list | tuple | np.ndarray):
+        return list(value), None
+    return None, f"ctx.{name} is a {type(value).__name__}, not a list"
+
+
+def _first_bad(column: list, name: str, bad: Callable, why: Callable) -> str | None:
+    """A problem naming column's first entry for which bad(entry), with the count of such."""
+    found = [i for i, value in enumerate(column) if bad(value)]
+    if not found:
+        return None
+    more = f" ({len(found)} such entries)" if len(found) > 1 else ""
+    return f"ctx.{name}[{found[0]}] {why(column[found[0]])}{more}"
+
+
+def sample_problems(ctx: RolloutContext, vocabulary: int) -> list[str]:
+    """What is wrong with the sample a rollout function left in ctx, in the words of messages:
+    token ids that are not ints of the model's vocabulary (0 to vocabulary - 1), a loss mask
+    or log-probs not of the tokens' length, mask entries other than 0 and 1, log-probs that
+    are not finite numbers, no token at all. Empty: the sample can be trained on."""
+    problems = []
+    ids, problem = _column(ctx, "token_ids")
+    if problem:
+        return [problem]
+    if not ids:
+        return ["no token after the prompt (ctx.token_ids is empty): a sample needs tokens "
+                "the policy wrote; to train on none of them, set its ctx.loss_mask to 0s"]
+    problems.append(_first_bad(
+        ids, "token_ids", lambda t: not isinstance(t, int | np.integer) or isinstance(t, bool),
+        lambda t: f"is {t!r}, a {type(t).__name__}, not an int token id"))
+    problems.append(_first_bad(
+        ids, "token_ids",
+        lambda t: isinstance(t, int | np.integer) and not 0 <= t < vocabulary,
+        lambda t: f"= {t} is outside the model's vocabulary (ids 0 to {vocabulary - 1})"))
+    for name in ("loss_mask", "log_probs"):
+        column, problem = _column(ctx, name)
+        if problem or len(column) != len(ids):
+            problems.append(problem or f"ctx.{name} has {len(column)} entries for the "
+                            f"{len(ids)} tokens of ctx.token_ids")
+        elif name == "loss_mask":
+            problems.append(_first_bad(
+                column, name, lambda m: not (_real(m) or isinstance(m, bool))
+                or m not in (0, 1),
+                lambda m: f"is {m!r}: an entry is 1 (the policy's token, trained) or 0 "
+                          "(context)"))
+        else:
+            problems.append(_first_bad(
+                column, name, lambda v: not _real(v) or not math.isfinite(v),
+                lambda v: f"is {v!r}, not a finite log-probability"))
+    return [p for p in problems if p]
+
+
 @dataclass(frozen=True)
 class CustomSamples:
     """A rollout's samples from a rollout function: one Generation each (token_ids are
@@ -371,10 +435,12 @@ class CustomRollout:
 
     def __init__(self, function: Callable, generate: Callable, tokenizer,
                  params: SamplingParams, max_turns: int, max_total_tokens: int,
-                 timeout_s: float):
+                 timeout_s: float, vocab_size: int | None = None):
         self.function, self.generate, self.tokenizer = function, generate, tokenizer
         self.params, self.max_turns, self.max_total_tokens = params, max_turns, max_total_tokens
         self.timeout_s = timeout_s
+        # token ids index the model's embedding rows, which may outnumber the tokenizer's
+        self.vocabulary = max(len(tokenizer), vocab_size or 0)
         self.name = rewards.function_name(function)
 
     def run(self, prompts: Sequence, seeds: Sequence[int],
@@ -383,7 +449,8 @@ class CustomRollout:
 
         Raises:
             RolloutFunctionError: a call raised, returned no reward nor None, generated
-                nothing, or passed rollout.function_timeout_s (naming the sample).
+                nothing, left a malformed sample in ctx (sample_problems), or passed
+                rollout.function_timeout_s (naming the sample).
         """
         per_prompt = len(seeds) // len(prompts)
         contexts = []
@@ -397,12 +464,14 @@ class CustomRollout:
         scheduler = _Scheduler(self.generate, self.params, self.timeout_s, describe, self.name)
         with scheduler.watch.watching():
             returned = _run_leaving_tool_threads(self._run_all(contexts, scheduler))
-        generations = []
-        for ctx, result in zip(contexts, returned, strict=True):
+        for ctx in contexts:
             if not ctx.turns:
                 raise RolloutFunctionError(
                     f"rollout function {self.name} returned without a ctx.generate call on "
                     f"{describe(ctx.index)}: a sample needs tokens the policy wrote")
+        self._check_samples(contexts, per_prompt, describe)
+        generations = []
+        for ctx, result in zip(contexts, returned, strict=True):
             if result is not None:
                 try:
                     value, _extra = rewards.score(result)
@@ -414,10 +483,29 @@ class CustomRollout:
                         "None (the spec's reward scores it), a float or a dict with a float "
                         "'score'") from None
             generations.append(Generation(
-                list(ctx.token_ids), list(ctx.log_probs),
+                [int(t) for t in ctx.token_ids], [float(v) for v in ctx.log_probs],
                 "length" if ctx.tokens_left <= 0 else ctx.finish_reason,
-                ctx.routed_experts(), loss_mask=list(ctx.loss_mask)))
+                ctx.routed_experts(), loss_mask=[int(m) for m in ctx.loss_mask]))
         return CustomSamples(generations, list(returned), [c.turns for c in contexts])
+
+    def _check_samples(self, contexts: list[RolloutContext], per_prompt: int,
+                       describe: Callable[[int], str]) -> None:
+        """Raises RolloutFunctionError naming the first sample sample_problems finds wrong,
+        what is wrong with it, and how many other samples are."""
+        malformed = [(ctx, problems) for ctx in contexts
+                     if (problems := sample_problems(ctx, self.vocabulary))]
+        if not malformed:
+            return
+        ctx, problems = malformed[0]
+        shown = "; ".join(problems[:SHOWN_PROBLEMS]) + (
+            f"; and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS
+            else "")
+        others = (f" {len(malformed) - 1} other sample(s) of the rollout are malformed too."
+                  if len(malformed) > 1 else "")
+        raise RolloutFunctionError(
+            f"rollout function {self.name} left a malformed sample on {describe(ctx.index)}, "
+            f"sample {ctx.index % per_prompt} of its prompt's {per_prompt}: {shown}.{others} "
+            "Nothing of this rollout was trained or saved")
 
     async def _run_all(self, contexts: list[RolloutContext], scheduler: _Scheduler) -> list:
         async def one(ctx: RolloutContext):

@@ -130,7 +130,8 @@ class GRPOLoop:
         # rollout.function: multi-turn samples from the user's function (custom_rollout.py)
         self.custom = None if rollout_fn is None else custom_rollout.CustomRollout(
             rollout_fn, self.rollout.generate, tokenizer, self.params, config.max_turns,
-            config.sample_tokens, config.function_timeout_s)
+            config.sample_tokens, config.function_timeout_s,
+            vocab_size=config.model.arch.get("vocab_size"))
         self.turns: list[int] = []  # a rollout function's turns per sample, this rollout
         self.pending_save = None  # prepared in one_rollout, committed after its metrics line
 
@@ -325,6 +326,7 @@ class GRPOLoop:
         with timer.phase("reward"):
             scored = self._score(refill)
         batch = self._batch(scored)
+        self._check_trained_tokens(rollout_id, batch)
         with timer.phase("log_probs"):
             self._old_log_probs(rollout_id, batch, scored)
         numbers.update(self._logprob_gap(rollout_id, batch))
@@ -371,6 +373,33 @@ class GRPOLoop:
             routed_experts=([g.routed_experts for g in scored.generations]
                             if self.params.return_routed_experts else None),
             loss_mask=scored.loss_mask)
+
+    def _check_trained_tokens(self, rollout_id: int, batch: TrainBatch) -> None:
+        """A rollout function's samples whose loss mask is all 0 train nothing (their rewards
+        still count in their groups): logged with their count. An optimizer step of such
+        samples alone has no token to average the loss over (NaN, or REINFORCE++'s
+        whitening over no token).
+
+        Raises:
+            RolloutFunctionError: every sample of an optimizer step has loss mask all 0.
+        """
+        if batch.loss_mask is None:
+            return
+        trained = batch.trained_tokens()
+        untrained = sum(1 for tokens in trained if not tokens)
+        if untrained:
+            self.log(f"vime: rollout {rollout_id}: {untrained} of {len(trained)} samples of "
+                     f"rollout function {self.custom.name} have a loss mask of 0s only: no "
+                     "token of theirs is trained (rollout/untrained_samples)")
+        size = self.config.global_batch_size
+        for step in range(self.config.steps_per_rollout):
+            if not any(trained[step * size:(step + 1) * size]):
+                raise custom_rollout.RolloutFunctionError(
+                    f"rollout {rollout_id}, optimizer step {step}: none of its {size} samples "
+                    f"(rollout function {self.custom.name}) has a trained token: every "
+                    "ctx.loss_mask is 0s only, so there is nothing to train on; a sample's "
+                    "tokens from ctx.generate are 1 unless the function sets them 0. Nothing of "
+                    "this rollout was trained or saved")
 
     def _old_log_probs(self, rollout_id: int, batch: TrainBatch, scored: Scored) -> None:
         """The actor's (and the reference's) log-probs into `batch`, checked finite."""
@@ -463,6 +492,7 @@ class GRPOLoop:
             numbers["rollout/masked_token_share"] = 1.0 - sum(map(sum, scored.loss_mask)) / max(
                 sum(response_lens), 1)
             numbers["rollout/turns_mean"] = statistics.fmean(self.turns)
+            numbers["rollout/untrained_samples"] = sum(1 for m in scored.loss_mask if not any(m))
         numbers.update(self.rollout.rollout_numbers())
         numbers.update(refill.numbers())
         if config.sampling.overlong == "penalty":
