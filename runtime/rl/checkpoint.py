@@ -34,6 +34,9 @@ STATE = run_checkpoint.STATE_FILE
 LATEST = run_checkpoint.LATEST_FILE
 FORMAT = 1
 PARTIAL = ".partial-"
+# a corrupt checkpoint passed over by checkpoint.on_corrupt = "previous" is renamed to
+# corrupt-<its name>: kept for inspection, out of the way of the next save of its rollout
+CORRUPT = "corrupt-"
 HF_DIR = "hf"  # HF model folders (checkpoint.save_hf_interval), beside the checkpoints
 # free space asked for before a save, as a multiple of the previous save's size (a save is
 # written beside the previous checkpoint before that one can be removed by keep_last)
@@ -145,6 +148,15 @@ def _partial_name(final_name: str) -> str:
     pid = os.getpid()
     return (f"{PARTIAL}{final_name}-{uuid.uuid4().hex[:8]}-{pid}.{process_start(pid) or 0}"
             f"@{socket.gethostname()}")
+
+
+def aside_name(folder: Path) -> Path:
+    """Where a corrupt checkpoint is moved aside: corrupt-<name>, or corrupt-<name>-2, -3 ...
+    when that is taken. Neither `latest`, resume nor keep_last reads these folders."""
+    aside, number = folder.parent / f"{CORRUPT}{folder.name}", 2
+    while aside.exists():
+        aside, number = folder.parent / f"{CORRUPT}{folder.name}-{number}", number + 1
+    return aside
 
 
 def partial_is_stale(folder: Path) -> bool:
@@ -286,11 +298,15 @@ class Checkpoints:
 
     def resume_point(self, on_corrupt: str = "stop") -> Path | None:
         """The newest checkpoint whose files match its record, or None when there is none.
+        With on_corrupt "previous", a corrupt one in the save folder is moved aside
+        (`aside_name`), so that the next save of its rollout does not replace it; one in
+        another load folder is left where it is.
 
         Raises:
             CheckpointError: the newest checkpoint is corrupt or incomplete and on_corrupt is
                 "stop" (the message names it, what is wrong and the previous one); with
-                "previous" it is named in the log and the next older one is tried.
+                "previous" it is named in the log and the next older one is tried. Also: a
+                corrupt checkpoint of the save folder cannot be moved aside.
         """
         found = self.candidates()
         for index, folder in enumerate(found):
@@ -302,15 +318,38 @@ class Checkpoints:
                 return folder
             older = found[index + 1] if index + 1 < len(found) else None
             if on_corrupt != "previous":
-                then = (f"set checkpoint.on_corrupt = \"previous\" to resume from {older.name}"
-                        if older else "no older checkpoint is left")
+                then = (f"set checkpoint.on_corrupt = \"previous\" to resume from {older.name} "
+                        "(the corrupt one is then moved aside, kept)" if older
+                        else "no older checkpoint is left")
                 raise CheckpointError(
                     f"checkpoint {folder} is corrupt or incomplete: {problem}. Move it aside "
                     f"to keep it for inspection, or {then}")
+            kept = self._move_aside(folder)
             self.log(f"vime: checkpoint {folder} is corrupt or incomplete ({problem}); "
-                     "checkpoint.on_corrupt = \"previous\": trying "
+                     f"checkpoint.on_corrupt = \"previous\": {kept}; trying "
                      f"{older.name if older else 'none (starting fresh)'}")
         return None
+
+    def _move_aside(self, folder: Path) -> str:
+        """A corrupt checkpoint of the save folder renamed to aside_name; what was done, in
+        the words of the log.
+
+        Raises:
+            CheckpointError: it cannot be renamed (the next save would replace it).
+        """
+        if os.path.abspath(folder.parent) != os.path.abspath(self.save_dir):
+            return f"left where it is (checkpoints are saved to {self.save_dir})"
+        aside = aside_name(folder)
+        try:
+            os.rename(folder, aside)
+        except OSError as err:
+            raise CheckpointError(
+                f"checkpoint {folder} is corrupt and cannot be moved aside to {aside} "
+                f"({err.strerror or err}): the next save of its rollout would replace it. "
+                "Move it yourself, then resubmit") from None
+        _fsync_dir(self.save_dir)
+        return (f"moved aside to {aside}, kept for inspection (the next save of its rollout "
+                "goes beside it)")
 
     @staticmethod
     def read_state(folder: Path) -> dict:

@@ -231,7 +231,7 @@ def watch(folder: JobFolder, quiet: bool = False, out=sys.stdout) -> int:
     ended, how, error = _ending(folder, state)
     after = None
     if ended != "succeeded" and (how or ended in progress.STOPPED):
-        after = resume.start_point_in(resume.job_load_dir(folder.path))
+        after = resume.job_start_point(folder.path)
     outcome = folder.read_json("outcome.json") or {}
     print(shown.ending(job_id, ended, error, folder.log(0), after, how,
                        until=outcome.get("finished"), resume_with=info.get("resume")),
