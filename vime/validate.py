@@ -59,17 +59,44 @@ def _suggest(path: Path, key: str) -> str | None:
     return None
 
 
-def _describe(error: jsonschema.ValidationError) -> tuple[str, str | None]:
+def _plain(value) -> str:
+    """A name with case and - or _ aside ("transformer-engine", "Local")."""
+    return str(value).lower().replace("-", "_")
+
+
+def _key_taking(path: Path, value: str) -> tuple[Path, str] | None:
+    """Another key whose names include `value` (as written, case and - or _ aside), and the
+    name as that key spells it: a key of the same table first, else the one key of the
+    schema that has it."""
+
+    def named(leaves) -> list[tuple[Path, str]]:
+        return [(p, c) for p, sub in leaves if p != path
+                for c in sub.get("enum", ()) if _plain(c) == _plain(value)]
+
+    siblings = named(((*path[:-1], k), sub) for k, sub in
+                     (schema.node(path[:-1]) or {}).get("properties", {}).items())
+    if siblings:
+        return siblings[0]
+    anywhere = named(schema.leaves())
+    return anywhere[0] if len(anywhere) == 1 else None
+
+
+def _describe(path: Path, error: jsonschema.ValidationError) -> tuple[str, str | None]:
     sub = error.schema if isinstance(error.schema, dict) else {}
     value = error.instance
     if error.validator == "enum":
         choices = error.validator_value
-        # case and - or _ aside ("transformer-engine", "Local"), as difflib scores them
-        plain = {str(c).lower().replace("-", "_"): c for c in choices}
-        close = (difflib.get_close_matches(value.lower().replace("-", "_"), plain, n=1,
-                                           cutoff=0.6) if isinstance(value, str) else [])
-        return (f"{value!r} is not one of {', '.join(map(repr, choices))}",
-                f'did you mean "{plain[close[0]]}"?' if close else None)
+        message = f"{value!r} is not one of {', '.join(map(repr, choices))}"
+        elsewhere = _key_taking(path, value) if isinstance(value, str) else None
+        if elsewhere is not None:
+            key, name = dotted(elsewhere[0]), dotted(path)
+            takes = ", ".join(f'"{c}"' for c in choices)
+            return message, (f'"{value}" is a value of {key}, not of {name}: write '
+                             f'{key} = "{elsewhere[1]}" ({name} takes {takes})')
+        plain = {_plain(c): c for c in choices}
+        close = (difflib.get_close_matches(_plain(value), plain, n=1, cutoff=0.6)
+                 if isinstance(value, str) else [])
+        return message, f'did you mean "{plain[close[0]]}"?' if close else None
     if error.validator == "type":
         expected = error.validator_value
         return f"{value!r} is not of type {expected}", f"write {a(str(expected))} here" + (
@@ -130,7 +157,7 @@ def validate(raw: dict, positions: Positions) -> tuple[dict, list[Diagnostic], b
                 positions.locate(path), help="environment variable names are letters, digits and _"))
             can_continue = False
         else:
-            message, help_text = _describe(error)
+            message, help_text = _describe(path, error)
             diagnostics.append(Diagnostic(
                 "error", "V003", path, f"{dotted(path)}: {message}", positions.locate(path),
                 help=help_text))
