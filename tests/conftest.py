@@ -1,7 +1,23 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 from specsupport import _preset_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def job_registry_of_this_run(tmp_path_factory):
+    """`vime submit` remembers job ids in the user's registry (vime/launch/jobdir.py's
+    registry(), ~/.local/state/vime): the test run's jobs go to a registry of its own, also for
+    the commands its tests start."""
+    saved = os.environ.get("VIME_STATE_DIR")
+    os.environ["VIME_STATE_DIR"] = str(tmp_path_factory.mktemp("vime-state"))
+    yield
+    if saved is None:
+        os.environ.pop("VIME_STATE_DIR", None)
+    else:
+        os.environ["VIME_STATE_DIR"] = saved
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import resource
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 from specsupport import LARGEST, ROOT, codes, largest_argv, run_text
@@ -129,9 +130,47 @@ def test_an_unknown_gpu_says_the_memory_plan_is_skipped():
     assert "A100-80GB" in diag.help and result.plan.memory is None
 
 
+@dataclass(frozen=True)
+class Planned:
+    """One `vime plan` process: its exit code, CPU and wall seconds, and what it printed."""
+
+    code: int
+    cpu: float
+    wall: float
+    out: bytes
+    err: bytes
+
+
+@pytest.fixture(scope="module")
+def largest_plan():
+    """`vime plan` of a LARGEST case as its own process, text or --json, run once per module
+    (the JSON is 130-200 MB and takes seconds to write and to read back): (case, fmt) ->
+    Planned, and the JSON read back, (case,) -> dict."""
+    done: dict[tuple, object] = {}
+
+    def get(case: str, fmt: str | None = None):
+        key = (case, fmt) if fmt else (case,)
+        if key not in done:
+            if fmt is None:
+                done[key] = json.loads(get(case, "json").out)
+            else:
+                argv = [sys.executable, "-m", "vime", *largest_argv(case)]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                started = time.perf_counter()
+                run = subprocess.run(argv + (["--json"] if fmt == "json" else []), cwd=ROOT,
+                                     capture_output=True, check=False)
+                wall = time.perf_counter() - started
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                done[key] = Planned(run.returncode, cpu, wall, run.stdout, run.stderr)
+        return done[key]
+
+    return get
+
+
 @pytest.mark.parametrize("fmt", ["text", "json"])
 @pytest.mark.parametrize("case", list(LARGEST))
-def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt):
+def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt, largest_plan):
     # `vime plan` returns within a second on any spec the schema admits.
     # This is an upper bound that catches per-rank Python work (a Python object per rank
     # takes 4-11 s on these specs; columns take 0.2-0.9 s on a 2-core machine:
@@ -142,25 +181,20 @@ def test_the_largest_spec_the_schema_admits_plans_within_a_bound(case, fmt):
     # so its bound is twice what the standard library's C encoder takes to write the same plan
     # compactly, in this process on this machine (vime's indented writer, with the process's
     # start, takes 0.7-1.05 of it). benchmarks/plan_startup.py times both.
-    argv = [sys.executable, "-m", "vime", *largest_argv(case)]
-    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    done = subprocess.run(argv + (["--json"] if fmt == "json" else []), cwd=ROOT,
-                          capture_output=True, check=False)
-    wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    done = largest_plan(case, fmt)
+    assert done.code == 0, done.err.decode()[-2000:]
     if fmt == "json":  # the whole plan, not a shortened one
-        assert b'"rank": 262143' in done.stdout and b'"node": 4095' in done.stdout
-        plan = json.loads(done.stdout)
+        assert b'"rank": 262143' in done.out and b'"node": 4095' in done.out
+        plan = largest_plan(case)
         started = time.process_time()
         json.dumps(plan, ensure_ascii=False)
         bound = 2 * (time.process_time() - started)
     else:
         engines = 32768 if case == "seed-layout" else 262144
-        assert f"\n  e{engines - 1}: ".encode() in done.stdout and b"\nnode 4095\n" in done.stdout
+        assert f"\n  e{engines - 1}: ".encode() in done.out and b"\nnode 4095\n" in done.out
         bound = 4
-    assert cpu < bound, f"vime plan took {cpu:.2f} s of CPU ({wall:.2f} s) on {case} ({fmt}), " \
-        f"more than {bound:.2f} s"
+    assert done.cpu < bound, f"vime plan took {done.cpu:.2f} s of CPU ({done.wall:.2f} s) on " \
+        f"{case} ({fmt}), more than {bound:.2f} s"
 
 
 @pytest.mark.parametrize("case", list(LARGEST))
@@ -185,9 +219,9 @@ def test_the_largest_plan_as_text_shows_the_first_and_last_nodes_and_engines(cas
 
 
 @pytest.mark.parametrize("case", list(LARGEST))
-def test_the_largest_plan_as_json_lists_every_rank_group_and_engine(case, capsys):
-    assert main([*largest_argv(case), "--json"]) == 0
-    obj = json.loads(capsys.readouterr().out)
+def test_the_largest_plan_as_json_lists_every_rank_group_and_engine(case, largest_plan):
+    assert largest_plan(case, "json").code == 0
+    obj = largest_plan(case)
     gpus_per_node, world = 64, 4096 * 64
     train, rollout = obj["train"], obj["rollout"]
     assert obj["ok"] and obj["cluster"]["world_size"] == world == train["num_gpus"]

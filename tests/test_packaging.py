@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+pytestmark = pytest.mark.network
+
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = "https://pypi.org/simple/"
 

@@ -14,6 +14,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from specsupport import LARGEST, ROOT, largest_argv, run_text
+from tiers import tiered
 
 from vime import pipeline, schema
 from vime.cli import main
@@ -142,17 +143,7 @@ def _unchanged_cpu(case: str, fmt: str) -> float:
     return min(_plan_cpu(largest_argv(case) + extra)[1] for _ in range(2))
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(sorted(LARGEST)),
-       st.lists(st.tuples(st.sampled_from(INTEGER_KEYS), huge_integers | st.integers(1, 64)),
-                min_size=1, max_size=2))
-def test_huge_integers_at_the_largest_cluster_plan_within_a_bound(case, pairs):
-    # From the largest cluster the schema admits most changes still plan, so this runs the
-    # whole command, text and --json, where the plan has 262,144 GPUs. No integer makes the
-    # plan cost more than the largest spec itself does on the same machine (2x and half a
-    # second of slack: a changed parallelism can add groups); that spec's own bound is
-    # test_bad_input.py's, and benchmarks/plan_startup.py times it.
+def check_huge_integers_at_the_largest_cluster(case, pairs):
     for fmt in ("text", "json"):
         extra = ["--json"] if fmt == "json" else []
         code, cpu, printed = _plan_cpu(largest_argv(case, [f"{k}={v}" for k, v in pairs])
@@ -164,6 +155,20 @@ def test_huge_integers_at_the_largest_cluster_plan_within_a_bound(case, pairs):
             # a plan of any size is a few hundred lines: the nodes and engines beyond 16 are
             # summarised
             assert printed.count("\n") < 1000
+
+
+@tiered(fast=6, full=40)
+def test_huge_integers_at_the_largest_cluster_plan_within_a_bound(examples):
+    # From the largest cluster the schema admits most changes still plan, so this runs the
+    # whole command, text and --json, where the plan has 262,144 GPUs. No integer makes the
+    # plan cost more than the largest spec itself does on the same machine (2x and half a
+    # second of slack: a changed parallelism can add groups); that spec's own bound is
+    # test_bad_input.py's, and benchmarks/plan_startup.py times it.
+    settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+             suppress_health_check=[HealthCheck.too_slow])(
+        given(st.sampled_from(sorted(LARGEST)),
+              st.lists(st.tuples(st.sampled_from(INTEGER_KEYS), huge_integers | st.integers(1, 64)),
+                       min_size=1, max_size=2))(check_huge_integers_at_the_largest_cluster))()
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)

@@ -24,7 +24,7 @@ from launchkit import (
     wait_until,
 )
 
-pytestmark = pytest.mark.usefixtures("slurm_cluster")
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 CHECK = {"VIME_DRIVER": f"{DRIVERS}:check"}
 PROGRESS = {"VIME_DRIVER": f"{DRIVERS}:progress"}
 ROLLOUTS = {"VIME_DRIVER": f"{DRIVERS}:rollouts"}

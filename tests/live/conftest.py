@@ -21,6 +21,12 @@ elif importlib.util.find_spec("vllm") is None:
     collect_ignore_glob = ["test_*.py"]
 
 
+def pytest_collection_modifyitems(items):
+    for item in items:  # every test here runs a real engine: `-m live` selects them
+        if "tests/live/" in item.nodeid or item.path.parent.name == "live":
+            item.add_marker(pytest.mark.live)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

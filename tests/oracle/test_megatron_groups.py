@@ -46,6 +46,7 @@ with warnings.catch_warnings():
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from tiers import tiered
 
 from vime import pipeline
 from vime.parse import Source
@@ -198,18 +199,21 @@ def layouts(draw):
     return world, tp, cp, pp, ep, etp, rank
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(layouts())
-@example((8, 2, 1, 2, 4, 1, 5))           # megatron.md §1.5 vectors
-@example((16, 2, 2, 2, 4, 1, 9))
-@example((8, 4, 1, 1, 2, 2, 3))
-@example((1024, 8, 2, 4, 16, 2, 1023))    # the largest world, every axis > 1
-@example((1024, 1, 1, 1, 1, 1, 512))      # 1,024 singleton tp/cp/pp/ep/etp groups
-@example((1024, 3, 1, 1, 1, 1, 0))        # rejected: dense
-@example((1024, 8, 1, 4, 3, 1, 0))        # rejected: expert only
-@example((24, 4, 1, 1, 8, 1, 23))         # EP spanning TP ranks, 3 EP groups
-def check_layout(case):
+# layouts that run in both tiers: megatron.md §1.5's vectors, the extremes, and every case the
+# full tier ever failed
+FIXED = [
+    (8, 2, 1, 2, 4, 1, 5),           # megatron.md §1.5 vectors
+    (16, 2, 2, 2, 4, 1, 9),
+    (8, 4, 1, 1, 2, 2, 3),
+    (1024, 8, 2, 4, 16, 2, 1023),    # the largest world, every axis > 1
+    (1024, 1, 1, 1, 1, 1, 512),      # 1,024 singleton tp/cp/pp/ep/etp groups
+    (1024, 3, 1, 1, 1, 1, 0),        # rejected: dense
+    (1024, 8, 1, 4, 3, 1, 0),        # rejected: expert only
+    (24, 4, 1, 1, 8, 1, 23),         # EP spanning TP ranks, 3 EP groups
+]
+
+
+def check_one_layout(case):
     world, tp, cp, pp, ep, etp, rank = case
     layout = Layout(world, tp, cp, pp, ep, etp)
     problems = layout.problems()
@@ -237,14 +241,27 @@ def check_layout(case):
     assert_coordinates_match_membership(layout, groups)
 
 
-def test_layouts_match_initialize_model_parallel():
+def layout_checker(examples: int):
+    """check_one_layout over the fixed layouts and `examples` drawn ones (derandomized: the
+    same ones every run)."""
+    test = given(layouts())(check_one_layout)
+    for case in reversed(FIXED):
+        test = example(case)(test)
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
+        test)
+
+
+@tiered(fast=150, full=EXAMPLES)
+def test_layouts_match_initialize_model_parallel(examples):
     for key in STATS:
         STATS[key] = 0
-    check_layout()
+    layout_checker(examples)()
     print(f"\nmegatron-core {package_info.__version__}: {STATS}")
-    assert STATS["examples"] >= EXAMPLES
-    assert STATS["accepted"] >= EXAMPLES // 4
-    assert STATS["rejected_dense"] >= EXAMPLES // 10 and STATS["rejected_expert"] >= 20
+    assert STATS["examples"] >= examples
+    assert STATS["accepted"] >= examples // 4
+    assert STATS["rejected_dense"] >= examples // 10
+    assert STATS["rejected_expert"] >= max(2, examples // 100)
     assert STATS["max_world_accepted"] == MAX_WORLD
 
 
