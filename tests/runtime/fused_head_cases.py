@@ -80,10 +80,15 @@ def _assert_close(got, want, atol, rtol, what, names=("log_probs", "entropy", "g
 
 
 # every pair of (what is asked, temperature, vocabulary) once: 64 is whole blocks, 100 ends in
-# a partial block (8-11 s a case under the interpreter on a 2-core machine)
+# a partial block (4-11 s a case under the interpreter on a 2-core machine); the fast tier
+# runs the two that ask for both values, each temperature and each kind of block among them
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(("kind", "temperature", "vocab"), [
-    ("log-probs", 1.0, 64), ("log-probs", 0.7, 100), ("both", 1.0, 100), ("both", 0.7, 64),
-    ("entropy", 1.0, 64), ("entropy", 0.7, 100)])
+    pytest.param("log-probs", 1.0, 64, marks=SLOW), pytest.param("log-probs", 0.7, 100, marks=SLOW),
+    ("both", 1.0, 100), ("both", 0.7, 64),
+    pytest.param("entropy", 1.0, 64, marks=SLOW), pytest.param("entropy", 0.7, 100, marks=SLOW)])
 def test_the_kernels_give_the_unchunked_values_and_gradients_in_fp32(kernels, kind, temperature,
                                                                      vocab):
     hidden, weight, targets = _inputs(ties=False, vocab=vocab)
@@ -158,6 +163,7 @@ def _tp_rank(rank: int) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_tensor_parallel_kernels_give_the_whole_vocabularys_numbers():
     """Each rank's kernels see its 48 columns; the max and the sums rescaled to it are
     all-reduced (loss_head._global_stats)."""
