@@ -38,6 +38,8 @@ def test_every_row_names_a_flag_some_parser_has():
                 continue  # argparse.BooleanOptionalAction's negative spelling
             if row.source == "sglang":
                 assert name.startswith("--sglang-"), name
+            elif row.source == "slime-mis":
+                assert name in table.MIS_EXAMPLE_OPTIONS, name
             elif name.startswith("--vllm-"):
                 assert vllm.newest("--" + name[len("--vllm-"):]) is not None, name
             else:

@@ -279,7 +279,7 @@ def _explained(mapped: Mapped, row: table.Flag, item: Group, unknown) -> None:
                           f"uses {row.name} {row.expect[0]}", item.at, row.why)
         elif row.expect and unknown is None and shown not in row.expect:
             mapped.report("V963", f"{flag_text}: vime uses {row.name} {row.expect[0]}", item.at,
-                          row.why, "error")
+                          row.why, row.mismatch)
         else:
             mapped.report("V965", f"{flag_text}: {row.why}", item.at)
     elif row.kind == "not_yet":

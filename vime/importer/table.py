@@ -22,8 +22,11 @@ class Flag:
     why: str = ""  # the report's explanation and the docs' text
     expect: tuple[str, ...] = ()  # derived: the values vime uses
     choices: dict | None = None  # value == "choice": upstream value -> spec value
-    source: str = "slime"  # whose parser has it: slime (and upstream vime), vime, megatron, vllm, sglang
+    # whose parser has it: slime (and upstream vime), vime, megatron, vllm, sglang, or
+    # slime-mis (a key of slime's MIS example, MIS_EXAMPLE_OPTIONS)
+    source: str = "slime"
     beyond: str = ""  # choice / derived: the key being added for the other values (V964)
+    mismatch: str = "error"  # derived: the severity of a value other than expect's (V963)
 
     @property
     def name(self) -> str:
@@ -41,10 +44,11 @@ def arch(names, spec_key, value="int", why="") -> Flag:
     return Flag(names, "arch", spec_key, value, why=why, source="megatron")
 
 
-def derived(names, why, expect=(), source="megatron", value="str", beyond="") -> Flag:
+def derived(names, why, expect=(), source="megatron", value="str", beyond="",
+            mismatch="error") -> Flag:
     names = (names,) if isinstance(names, str) else names
     return Flag(names, "derived", value=value, severity="note", why=why, expect=tuple(expect),
-                source=source, beyond=beyond)
+                source=source, beyond=beyond, mismatch=mismatch)
 
 
 def not_yet(names, planned, why, severity="error", source="slime") -> Flag:
@@ -58,6 +62,20 @@ def none(names, why, severity="error", source="slime") -> Flag:
 
 
 QWEN3 = "vime builds Qwen3 / Qwen3-MoE layers this way from the architecture"
+
+# The keys of slime's MIS example (THUDM/slime examples/train_infer_mismatch_helper/mis.yaml
+# at 624b824a, read by its compute_mis_weights_with_cp through --custom-config-path and
+# --custom-tis-function-path), which its README.md and users' scripts write as flags; slime's
+# train.py parser has none of them.
+MIS_EXAMPLE_OPTIONS = ("--tis-level", "--tis-mode", "--tis-lower-bound", "--tis-upper-bound",
+                       "--tis-batch-normalize", "--use-rs", "--rs-level", "--rs-lower-bound",
+                       "--rs-upper-bound", "--rs-veto-threshold")
+TIS_TOKEN_LEVEL = (
+    "vime's TIS (algorithm.tis, slime's --use-tis) weights each token by its own ratio "
+    "pi_train / pi_rollout truncated to [tis_clip_low, tis_clip]: the token level. The "
+    "sequence level (the product of a sample's ratios) and the geometric level (their "
+    "geometric mean), options of slime's MIS example, have no key in vime: the imported spec "
+    "trains with token-level weights")
 
 FLAGS: tuple[Flag, ...] = (
     # cluster and placement (vime/importer/__init__.py's _cluster combines them)
@@ -155,9 +173,28 @@ FLAGS: tuple[Flag, ...] = (
     derived("--use-kl-loss", "a KL loss is on when algorithm.kl_loss_coef > 0", source="slime"),
     key("--entropy-coef", "algorithm.entropy_coef", "float"),
     key("--disable-grpo-std-normalization", "algorithm.std_normalization", "false"),
-    key("--use-tis", "algorithm.tis", "true"),
+    key("--use-tis", "algorithm.tis", "true",
+        why="slime's vanilla TIS: each token's ratio truncated to [--tis-clip-low, "
+        "--tis-clip] (0 and 2 without them, as vime's defaults), the token level"),
     key("--tis-clip", "algorithm.tis_clip", "float"),
     key("--tis-clip-low", "algorithm.tis_clip_low", "float"),
+    none("--custom-tis-function-path", "vime's TIS is slime's vanilla one, token-level "
+         "truncation (algorithm.tis); a custom TIS function, such as slime's MIS example "
+         "(sequence and geometric levels, masking, rejection sampling, batch normalisation), "
+         "has no equivalent"),
+    derived("--tis-level", TIS_TOKEN_LEVEL, ("token",), source="slime-mis", mismatch="warning"),
+    derived("--tis-mode", "vime truncates the TIS weight to [tis_clip_low, tis_clip]: clip, "
+            "and truncate when tis_clip_low is 0 (its default). mask (a weight of 0 outside "
+            "the bounds) has no key in vime: the imported spec truncates instead",
+            ("truncate", "clip"), source="slime-mis", mismatch="warning"),
+    none(("--tis-lower-bound", "--tis-upper-bound"), "the bounds of slime's MIS example's "
+         "weights: vime truncates to algorithm.tis_clip_low and algorithm.tis_clip "
+         "(--tis-clip-low, --tis-clip); write those", severity="warning", source="slime-mis"),
+    none(("--tis-batch-normalize", "--use-rs", "--rs-level", "--rs-lower-bound",
+          "--rs-upper-bound", "--rs-veto-threshold"), "batch normalisation and rejection "
+         "sampling of slime's MIS example, which only its TIS function reads "
+         "(--custom-tis-function-path): vime's TIS has neither", severity="warning",
+         source="slime-mis"),
     derived("--loss-type", "vime trains with the policy-gradient loss; SFT and custom losses "
             "have no equivalent", ("policy_loss",), source="slime"),
     key("--calculate-per-token-loss", "algorithm.loss_aggregation", "set:token-mean",
