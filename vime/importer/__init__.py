@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vime.importer import table
 from vime.importer.mapping import Finding, Mapped, Origin, map_flags
-from vime.importer.shell import Reading, Unknown, Word, read_script
+from vime.importer.shell import ARGV, Reading, Unknown, Word, read_script
 
 REQUIRED = ("cluster.nodes", "cluster.gpus_per_node", "model.hf_checkpoint", "data.prompt_data",
             "rollout.num_rollout", "rollout.batch_size", "rollout.n_samples_per_prompt")
@@ -56,14 +56,14 @@ def import_script(path: Path, text: str, environ: dict[str, str]) -> ImportResul
 
 def import_argv(argv: list[str], name: str = "imported") -> ImportResult:
     """Map a plain train.py flag list (what train.py received) to spec keys."""
-    words = [Word(arg, "--argv", index + 1) for index, arg in enumerate(argv)]
-    return import_words(words, name, "--argv", {}, None)
+    words = [Word(arg, ARGV, index + 1) for index, arg in enumerate(argv)]
+    return import_words(words, name, ARGV, {}, None)
 
 
 def import_words(words: list[Word], name: str, source: str, environ: dict[str, str],
                  reading: Reading | None) -> ImportResult:
     mapped = map_flags(words)
-    mapped.set("experiment.name", name, Origin(f"the name of {source}" if source != "--argv"
+    mapped.set("experiment.name", name, Origin(f"the name of {source}" if source != ARGV
                                                else "vime import's default name"))
     _cluster(mapped, reading)
     _model(mapped)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from vime.importer import ImportResult, import_argv, import_script
+from vime.importer.shell import position
 from vime.importer.toml_out import render
 
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024
@@ -68,12 +69,12 @@ def report_text(result: ImportResult) -> str:
     not_run = [f for f in result.findings if f.code == "V961"]
     for finding in sorted((f for f in result.findings if f.code != "V961"),
                           key=lambda f: order[f.severity]):
-        where = f"{finding.file}:{finding.line}: " if finding.file else ""
+        where = f"{position(finding.file, finding.line)}: " if finding.file else ""
         lines.append(f"{where}{finding.severity}[{finding.code}]: {finding.message}")
         if finding.help:
             lines.append(f"  help: {finding.help}")
     if not_run:
-        shown = ", ".join(f"{os.path.basename(f.file)}:{f.line}" for f in not_run[:12])
+        shown = ", ".join(position(f.file, f.line, basename=True) for f in not_run[:12])
         more = f" and {len(not_run) - 12} more" if len(not_run) > 12 else ""
         lines.append(f"note[V961]: {len(not_run)} commands not run (vime submit starts and "
                      f"stops Ray itself): {shown}{more}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vime.importer import table
-from vime.importer.shell import Unknown, Word
+from vime.importer.shell import Unknown, Word, counted_as
 
 
 @dataclass(frozen=True)
@@ -227,8 +227,9 @@ def map_flags(argv: list[Word]) -> Mapped:
         row = table.TABLE_BY_NAME.get(item.flag)
         canonical = row.name if row else item.flag
         if canonical in seen and row is not None and row.kind not in ("not_yet", "none", "derived"):
-            mapped.report("V971", f"{item.flag} is given twice (line {seen[canonical].at.line} "
-                          f"and line {item.at.line}); the last is taken", item.at)
+            unit = counted_as(item.at.file)
+            mapped.report("V971", f"{item.flag} is given twice ({unit} {seen[canonical].at.line} "
+                          f"and {unit} {item.at.line}); the last is taken", item.at)
         seen[canonical] = item
         unknown = next((w.value for w in item.words if isinstance(w.value, Unknown)), None)
         if row is None:

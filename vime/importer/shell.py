@@ -10,6 +10,7 @@ runs it are the flags the importer maps (`Reading.argv`).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,11 +60,28 @@ def _join(pieces: list[str]) -> str:
 
 @dataclass(frozen=True)
 class Word:
-    """One argv element: its text (or Unknown), the file and line it was written on."""
+    """One argv element: its text (or Unknown), the file and line it was written on; in a
+    flag list (file ARGV) `line` is the word's position in the list."""
 
     value: str | Unknown
     file: str
     line: int
+
+
+ARGV = "--argv"  # the file of a flag list's words, which are counted rather than lined
+
+
+def counted_as(file: str) -> str:
+    """What a position in `file` counts: "word" in a flag list, else "line"."""
+    return "word" if file == ARGV else "line"
+
+
+def position(file: str, line: int, basename: bool = False) -> str:
+    """Where a word was written: "run.sh:12", or "--argv word 7" in a flag list."""
+    if file == ARGV:
+        return f"{ARGV} word {line}" if line else ARGV
+    shown = os.path.basename(file) if basename else file
+    return f"{shown}:{line}" if line else shown
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import tomli_w
 from vime import __version__
 from vime.emit.resolved import schema_reference
 from vime.importer import ImportResult
+from vime.importer.shell import position
 
 TABLE_ORDER = ("experiment", "cluster", "model", "model.arch", "data", "rollout", "train",
                "train.parallel", "train.optimizer", "algorithm", "inference", "inference.eplb",
@@ -29,10 +30,7 @@ def _value(value) -> str:
 
 
 def _where(file: str, line: int) -> str:
-    if not file:
-        return ""
-    shown = file if file == "--argv" else os.path.basename(file)
-    return f" ({shown}:{line})" if line else f" ({shown})"
+    return f" ({position(file, line, basename=True)})" if file else ""
 
 
 def render(result: ImportResult, spec_dir: str | None = None) -> str:
