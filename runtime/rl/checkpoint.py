@@ -174,6 +174,12 @@ def partial_is_stale(folder: Path) -> bool:
     return bool(dot) and start.isdigit() and int(start) != (process_start(int(pid)) or 0)
 
 
+def partial_is_own(folder: Path) -> bool:
+    """Whether a .partial-* folder was named by this process (see _partial_name)."""
+    pid = os.getpid()
+    return folder.name.endswith(f"-{pid}.{process_start(pid) or 0}@{socket.gethostname()}")
+
+
 def disk_full(err: BaseException, free_bytes: int | None) -> bool:
     """Whether a failed write failed for lack of space: ENOSPC anywhere in the exception's
     chain (a Ray actor's error carries the remote one as .cause), the OS's words in its text,
@@ -464,8 +470,9 @@ class Checkpoints:
         """The prepared save renamed into place, then `latest` moved to it; then
         checkpoint.keep_last applied."""
         final, partial = pending.final, pending.partial
-        _rename_into_place(partial, final)
-        pointer = self.save_dir / f".{LATEST}.{uuid.uuid4().hex[:8]}"
+        if partial.exists() or not final.exists():  # else renamed by a commit stopped after it
+            _rename_into_place(partial, final)
+        pointer = self._pointer()
         pointer.write_text(final.name + "\n")
         with open(pointer, "rb") as handle:
             os.fsync(handle.fileno())
@@ -474,8 +481,29 @@ class Checkpoints:
         self._apply_keep_last(final)
         return final
 
+    def _pointer(self) -> Path:
+        """The temporary file `latest` is replaced from: one per process, so that a commit
+        stopped half way leaves nothing another commit does not replace."""
+        return self.save_dir / f".{LATEST}.{os.getpid()}"
+
     def discard(self, pending: Pending) -> None:
         shutil.rmtree(pending.partial, ignore_errors=True)
+
+    def end(self, pending: Pending | None, finish: bool) -> None:
+        """At a stop (SIGTERM, Ctrl-C, an error) of the run: a save still pending is
+        committed when `finish` (its rollout's metrics line is written), else removed; then
+        this process's own `.partial-*` folders (a save or HF folder it was writing) and
+        `latest` pointer are removed, so that none is left until the next save."""
+        if pending is not None:
+            if finish:
+                self.commit(pending)
+            else:
+                self.discard(pending)
+        for folder in (self.save_dir, self.hf_dir):
+            for partial in folder.glob(f"{PARTIAL}*"):
+                if partial_is_own(partial):
+                    shutil.rmtree(partial, ignore_errors=True)
+        self._pointer().unlink(missing_ok=True)
 
     def save(self, rollout_id: int, train, state: dict, record: dict | None = None) -> Path:
         """prepare, then commit."""

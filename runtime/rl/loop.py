@@ -134,6 +134,7 @@ class GRPOLoop:
             vocab_size=config.model.arch.get("vocab_size"))
         self.turns: list[int] = []  # a rollout function's turns per sample, this rollout
         self.pending_save = None  # prepared in one_rollout, committed after its metrics line
+        self.logged_rollout = -1  # the last rollout whose metrics line is written
 
     # --------------------------------------------------------------------------- resume
 
@@ -188,9 +189,14 @@ class GRPOLoop:
         self.log(f"vime: weights version {self.version} on {self.rollout.size} engine(s) in "
                  f"{time.perf_counter() - start:.2f} s; rollouts {self.next_rollout} to "
                  f"{config.num_rollout - 1}")
-        for rollout_id in range(self.next_rollout, config.num_rollout):
-            self.metrics.log(rollout_id, self.one_rollout(rollout_id))
-            self.commit_checkpoint()
+        try:
+            for rollout_id in range(self.next_rollout, config.num_rollout):
+                self.metrics.log(rollout_id, self.one_rollout(rollout_id))
+                self.logged_rollout = rollout_id
+                self.commit_checkpoint()
+        except BaseException:
+            self.end_pending_save()
+            raise
         if self.evaluator.due(config.num_rollout, config.num_rollout):
             # the final weights, logged as the rollout that would generate with them
             self.metrics.log(config.num_rollout, {"weight_version": self.version,
@@ -215,8 +221,19 @@ class GRPOLoop:
         """The rollout's checkpoint made visible, after its metrics line is written: a stop
         between the two repeats the rollout on resume instead of losing its line."""
         if self.pending_save is not None:
-            pending, self.pending_save = self.pending_save, None
-            self.checkpoints.commit(pending)
+            self.checkpoints.commit(self.pending_save)
+            self.pending_save = None
+
+    def end_pending_save(self) -> None:
+        """A stop (SIGTERM, Ctrl-C, an error) with a rollout's save prepared: it is finished
+        when the rollout's metrics line is written, else removed (checkpoints.end); what
+        went wrong doing so is logged, not raised over the stop."""
+        pending, self.pending_save = self.pending_save, None
+        try:
+            self.checkpoints.end(pending, finish=pending is not None
+                                 and pending.rollout_id == self.logged_rollout)
+        except Exception as err:
+            self.log(f"vime: ending the save in progress: {type(err).__name__}: {err}")
 
     def describe_sample(self, rollout_id: int, prompt, index: int) -> rewards.Sample:
         """Sample `index` of the rollout, generated from `prompt`, in the words of messages."""

@@ -38,13 +38,13 @@ def test_one_changed_digit_of_the_data_offset_is_a_corrupt_checkpoint(tmp_path):
     problem = verify(newest)
     assert problem is not None and str(newest / STATE) in problem, problem
     assert verify(newest, checksums=False) == problem  # the submit's size-only check too
+    start = start_point_in(tmp_path / "ckpt")  # `vime submit` says it before anything starts
+    assert start.checkpoint == newest and str(newest / STATE) in start.problem
     with pytest.raises(CheckpointError, match="rollout_000019 is corrupt"):
         checkpoints.resume_point("stop")
     logged = []
     assert Checkpoints(tmp_path / "ckpt", log=logged.append).resume_point("previous") == older
     assert any(str(newest / STATE) in line for line in logged), logged
-    start = start_point_in(tmp_path / "ckpt")  # `vime submit` says it before anything starts
-    assert start.checkpoint == newest and str(newest / STATE) in start.problem
 
 
 def test_a_state_json_without_its_checksum_loads_with_a_note(tmp_path):
