@@ -43,7 +43,15 @@ from runtime.rl.checkpoint import Checkpoints, hf_due, record_of
 from runtime.rl.data import PromptSampler, request_seed
 from runtime.rl.evaluation import Evaluator
 from runtime.rl.metrics import MetricsLogger
-from runtime.rl.sampling import Group, Refill, load_filter, mask_overlong, overlong_penalty
+from runtime.rl.sampling import (
+    MAX_EMPTY_ROLLOUTS,
+    Group,
+    NoSignalError,
+    Refill,
+    load_filter,
+    mask_overlong,
+    overlong_penalty,
+)
 
 # mean |actor - engine| log-prob per response token on the same weights above which the loop
 # says the engine is not generating with them (bf16 engines and actors differ by ~0.01-0.05)
@@ -133,6 +141,9 @@ class GRPOLoop:
             config.sample_tokens, config.function_timeout_s,
             vocab_size=config.model.arch.get("vocab_size"))
         self.turns: list[int] = []  # a rollout function's turns per sample, this rollout
+        # rollouts in a row, up to the last, whose dynamic sampling kept no group
+        self.empty_streak = 0
+        self.last_advice = ""  # what dynamic sampling's last rollout suggests to try
         self.pending_save = None  # prepared in one_rollout, committed after its metrics line
         self.logged_rollout = -1  # the last rollout whose metrics line is written
 
@@ -173,6 +184,9 @@ class GRPOLoop:
             EngineFailed: an engine died more often than max_restarts allows
                 (runtime/workers/supervisor.py).
             CheckpointError: a checkpoint cannot be written (runtime/rl/checkpoint.py).
+            NoSignalError: dynamic sampling kept no group in MAX_EMPTY_ROLLOUTS rollouts in a
+                row (runtime/rl/sampling.py), raised after the last one's metrics line and
+                checkpoint.
         """
         config = self.config
         if self.next_rollout >= config.num_rollout:
@@ -194,6 +208,7 @@ class GRPOLoop:
                 self.metrics.log(rollout_id, self.one_rollout(rollout_id))
                 self.logged_rollout = rollout_id
                 self.commit_checkpoint()
+                self.stop_without_signal(rollout_id)
         except BaseException:
             self.end_pending_save()
             raise
@@ -216,6 +231,20 @@ class GRPOLoop:
             if scorer.name not in probed:
                 probed.add(scorer.name)
                 scorer.probe()
+
+    def stop_without_signal(self, rollout_id: int) -> None:
+        """Raises NoSignalError when dynamic sampling has kept no group in the last
+        MAX_EMPTY_ROLLOUTS rollouts (counted from this run's first, not across a resume)."""
+        if self.empty_streak < MAX_EMPTY_ROLLOUTS:
+            return
+        config = self.config
+        raise NoSignalError(
+            f"rollouts {rollout_id - self.empty_streak + 1} to {rollout_id}: dynamic sampling "
+            f"kept no group in {self.empty_streak} rollouts in a row "
+            f"(rollout.dynamic_sampling_max_attempts = {config.sampling.max_attempts} "
+            f"attempt(s) of {config.sampling.over_sampling_batch_size} prompt(s) each), so "
+            f"none of them trained on a group of differing rewards; the run stops. "
+            f"{self.last_advice}")
 
     def commit_checkpoint(self) -> None:
         """The rollout's checkpoint made visible, after its metrics line is written: a stop
@@ -335,6 +364,7 @@ class GRPOLoop:
         if self.evaluator.due(rollout_id, config.num_rollout):
             numbers.update(self.evaluator.run(self.rollout, rollout_id))
         refill = self.sample_groups(rollout_id, timer)
+        numbers.update(self._sampling_report(rollout_id, refill))
         if config.takes_turns:
             with timer.phase("offload"):
                 self.rollout.sleep(2)
@@ -354,6 +384,18 @@ class GRPOLoop:
         numbers.update(self._push(timer))
         numbers.update(self._numbers(refill, scored, step_stats, batch, timer))
         return numbers
+
+    def _sampling_report(self, rollout_id: int, refill: Refill) -> dict[str, float]:
+        """Logs a rollout whose dynamic sampling kept fewer than batch_size groups (loudly
+        when none) and counts the rollouts in a row that kept none."""
+        if not self.config.sampling.dynamic_sampling:
+            return {}
+        line = refill.report(rollout_id)
+        if line:
+            self.log(line)
+        self.empty_streak = 0 if refill.kept else self.empty_streak + 1
+        self.last_advice = refill.advice()
+        return {"rollout/empty_streak": self.empty_streak}
 
     def _score(self, refill: Refill) -> Scored:
         """The kept groups' samples in order, their advantages, loss masks (rollout functions)

@@ -24,6 +24,18 @@ CONSOLE = (("reward/mean", "reward {:.3f}"), ("reward/acc", "acc {:.2f}"),
            ("time/rollout", "{:.2f} s"))
 
 
+def sampling_parts(numbers: dict[str, float]) -> list[str]:
+    """The console's words for dynamic sampling: groups kept and filtered, and NO GROUP KEPT
+    with the rollouts in a row when none was."""
+    if "rollout/groups_kept" not in numbers:
+        return []
+    kept, filtered = numbers["rollout/groups_kept"], numbers["rollout/groups_filtered"]
+    part = f"groups kept {kept:.0f} filtered {filtered:.0f}"
+    if not kept:
+        part += f" NO GROUP KEPT ({numbers.get('rollout/empty_streak', 1):.0f} in a row)"
+    return [part]
+
+
 class MetricsLogger:
     def __init__(self, job_dir: Path, run_name: str, tensorboard_dir: Path | None = None,
                  wandb_project: str | None = None, wandb_group: str | None = None,
@@ -55,7 +67,7 @@ class MetricsLogger:
             out.flush()
             os.fsync(out.fileno())  # on disk before the checkpoint that covers it
         parts = [fmt.format(numbers[key]) for key, fmt in CONSOLE if key in numbers]
-        parts += eval_parts(numbers)
+        parts += sampling_parts(numbers) + eval_parts(numbers)
         self.print(f"rollout {rollout_id:5d} | " + " | ".join(parts))
         if self.tensorboard is not None:
             for key, value in numbers.items():

@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 
 from runtime.core.slices import SamplingPolicy
 
+# rollouts in a row whose dynamic sampling keeps no group (after max_attempts attempts each)
+# before the run stops with NoSignalError: each of them has no group of differing rewards,
+# so every group-baseline advantage is 0 and the policy gradient is nothing
+MAX_EMPTY_ROLLOUTS = 10
+
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) -> float:
     """DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13) of a response of `length`
@@ -56,6 +61,11 @@ GroupFilter = Callable[..., bool]
 class FilterError(RuntimeError):
     """rollout.dynamic_sampling_filter raised; the message names the filter and the group's
     prompt. Nothing of the rollout was trained or saved."""
+
+
+class NoSignalError(RuntimeError):
+    """Dynamic sampling kept no group in MAX_EMPTY_ROLLOUTS rollouts in a row; the message
+    says what the rewards were and what to try."""
 
 
 def load_filter(name: str) -> GroupFilter:
@@ -140,6 +150,51 @@ class Refill:
         """The first `wanted` kept groups, completed by filtered ones when short."""
         chosen = self.kept[:self.wanted]
         return chosen + self.filtered[:self.wanted - len(chosen)]
+
+    def short(self) -> bool:
+        """Whether dynamic sampling ran out of attempts before kept groups filled the batch."""
+        return self.policy.dynamic_sampling and len(self.kept) < self.wanted
+
+    def advice(self) -> str:
+        """Why the filtered groups were filtered, from their rewards, and what to try."""
+        groups = self.kept + self.filtered
+        seen = sorted({r for g in groups for r in g.rewards})
+        rejected = sum(1 for g in self.filtered if g.varied)  # by the user's filter
+        words = []
+        if rejected:
+            words.append(f"rollout.dynamic_sampling_filter rejected {rejected} group(s) whose "
+                         "rewards differ: check that it keeps what it should")
+        if len(seen) == 1:
+            words.append(f"every sample of the rollout scored {seen[0]:g}: check that "
+                         "rollout.reward tells responses apart (a constant or failing reward "
+                         "gives no signal)")
+        elif len(self.filtered) > rejected:
+            shown = ", ".join(f"{r:g}" for r in seen[:6]) + (", ..." if len(seen) > 6 else "")
+            words.append(f"each filtered group's samples scored alike (rewards seen: {shown}): "
+                         "the prompts are all solved or all failed by the policy; raise "
+                         "rollout.temperature or n_samples_per_prompt for more varied "
+                         "samples, or use prompts the policy solves only sometimes")
+        text = "; ".join(words)
+        return text[:1].upper() + text[1:]
+
+    def report(self, rollout_id: int) -> str | None:
+        """The log's line for a rollout whose dynamic sampling kept fewer than batch_size
+        groups (None when it kept enough): kept, filtered, attempts, and what to try."""
+        if not self.short():
+            return None
+        kept, filtered = len(self.kept), len(self.filtered)
+        stand_in = self.wanted - kept
+        if kept:
+            return (f"vime: rollout {rollout_id}: dynamic sampling kept {kept} of "
+                    f"{self.wanted} groups after {self.attempts} attempt(s) ({filtered} "
+                    f"filtered); {stand_in} filtered group(s) complete the batch with "
+                    "advantage 0")
+        return (f"vime: rollout {rollout_id}: DYNAMIC SAMPLING KEPT NO GROUP: {filtered} "
+                f"group(s) filtered in {self.attempts} attempt(s) "
+                f"(rollout.dynamic_sampling_max_attempts = {self.policy.max_attempts}); the "
+                f"batch is {stand_in} filtered group(s), each of samples scored alike, which "
+                f"a group baseline gives advantage 0: this rollout trains on nothing. "
+                f"{self.advice()}")
 
     def numbers(self) -> dict[str, float]:
         if not self.policy.dynamic_sampling:
