@@ -31,8 +31,19 @@ SCRIPT_DIR_IDIOM = re.compile(r"^\s*cd\s+(--\s+)?\"?\$\(\s*dirname\s+(--\s+)?\"?
                               r"[^;|]*&&\s*pwd(\s+-P)?\s*$")
 TRAIN_ENTRY = re.compile(r"(^|/)train(_async)?\.py$")
 MAX_SOURCE_DEPTH = 4
+MAX_SOURCED_READS = 100  # files read by `source` in all (a launch script sources one or two)
 MAX_SEQ = 100_000
 MAX_VALUE_CHARS = 1_000_000
+MAX_ARRAY_ITEMS = 100_000  # an array's elements (train.py's argv has a few hundred)
+MAX_STATEMENTS = 200_000  # statements read in all, sourced files included
+
+
+class _StopFile(Exception):
+    """The reader stops reading the current file, as bash stops it: the message says why."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,10 @@ class Reader:
         self.env = _Env(environ)
         self.reading = reading or Reading()
         self.depth = 0
+        self.reading_now: list[Path] = []  # the files being read, the outermost first
+        self.sourced_reads = 0
+        self.statements = 0
+        self.said: set[str] = set()  # notes said once for the whole script
         self.in_test = False
         self.file = ""
         self.script_dir = Path(".")
@@ -122,6 +137,12 @@ class Reader:
     # -- notes
     def note(self, code: str, line: int, message: str) -> None:
         self.reading.notes.append(Note(code, self.file, line, message))
+
+    def note_once(self, key: str, code: str, line: int, message: str) -> None:
+        """A note said once whatever the number of lines (or readings of a file) it is true of."""
+        if key not in self.said:
+            self.said.add(key)
+            self.note(code, line, message)
 
     # -- expansion
     def lookup(self, name: str, line: int) -> str | Unknown | None:
@@ -332,6 +353,7 @@ class Reader:
     def read_file(self, path: Path, text: str) -> None:
         saved = (self.file, self.script_dir)
         self.file, self.script_dir = str(path), path.parent
+        self.reading_now.append(_identity(path))
         try:
             try:
                 toks = lex(text)
@@ -340,17 +362,28 @@ class Reader:
                 self.note("V960", line, f"the reader stops here: {err}")
                 return
             self.block(toks, 0, len(toks), live=True)
+        except _StopFile as stop:
+            self.note("V960", stop.line, f"the reader stops here: {stop}")
         finally:
+            self.reading_now.pop()
             self.file, self.script_dir = saved
 
     def block(self, toks: list[Tok], i: int, end: int, live: bool) -> None:
         while i < end:
-            i = self.statement(toks, i, end, live)
+            self.statements += 1
+            if self.statements > MAX_STATEMENTS:
+                raise _StopFile(toks[i].line, f"the script runs more than {MAX_STATEMENTS} "
+                                "statements (sourced files included)")
+            after = self.statement(toks, i, end, live)
+            i = max(after, i + 1)  # a statement takes one token at least
 
     def statement(self, toks: list[Tok], i: int, end: int, live: bool) -> int:
         tok = toks[i]
         if tok.kind == "nl" or (tok.kind == "op" and tok.text in (";", "&")):
             return i + 1
+        if tok.kind == "op" and tok.text == ";;":  # skip_compound passes over case's own
+            raise _StopFile(tok.line, "';;' outside a case statement is a syntax error, where "
+                            "bash stops the script")
         if tok.kind == "arr":
             return self.array_assignment(toks, i, end, live)
         first = tok.literal()
@@ -541,11 +574,21 @@ class Reader:
                 if base is None:
                     scalar = self.env.scalars.pop(name, None)
                     base = [] if scalar is None else [scalar]
-                self.env.arrays[name] = base + items
+                items = base + items
             else:
                 self.env.scalars.pop(name, None)
-                self.env.arrays[name] = items
+            self.env.arrays[name] = self.bounded(name, items, head.line)
         return stop + 1
+
+    def bounded(self, name: str, items: list, line: int) -> list:
+        """An array's elements, or one Unknown when there are more than MAX_ARRAY_ITEMS (an
+        array that doubles itself grows past any argv)."""
+        if len(items) <= MAX_ARRAY_ITEMS:
+            return items
+        why = (f"{name} has more than {MAX_ARRAY_ITEMS} elements (line {line}); the reader "
+               "stops following it")
+        self.note_once(f"array {name}", "V960", line, why)
+        return [Unknown(why)]
 
     def source(self, rest: list[Tok], line: int) -> None:
         if not rest or rest[0].kind != "word":
@@ -559,8 +602,19 @@ class Reader:
         if path is None:
             self.note("V974", line, f"cannot read the sourced file {target}")
             return
+        if _identity(path) in self.reading_now:
+            self.note_once(f"cycle {_identity(path)}", "V960", line,
+                           f"source {target}: the file is being read already (it sources "
+                           "itself); bash would source it again and again")
+            return
         if self.depth >= MAX_SOURCE_DEPTH:
             self.note("V960", line, f"source {target}: more than {MAX_SOURCE_DEPTH} files deep")
+            return
+        self.sourced_reads += 1
+        if self.sourced_reads > MAX_SOURCED_READS:
+            self.note_once("sourced reads", "V960", line,
+                           f"source {target}: the script sources more than "
+                           f"{MAX_SOURCED_READS} files; the reader sources no more")
             return
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
@@ -814,6 +868,14 @@ class Reader:
                         "-lt": a < b, "-le": a <= b}[op]
         shown = " ".join(str(v) for v in values)
         return Unknown(f"the test `{shown[:60]}` (line {line}) is not one the reader follows")
+
+
+def _identity(path: Path) -> Path:
+    """A file's one name, whatever the path it was reached by."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return path.absolute()
 
 
 def read_script(path: Path, text: str, environ: dict[str, str]) -> Reading:
