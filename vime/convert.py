@@ -53,7 +53,10 @@ def conversion(spec: Spec, to: str, output: str | None, single_gpu: bool) -> Con
     launcher = [sys.executable] if layout.world_size == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={layout.world_size}"]
+    # the tokenizer files of model.hf_checkpoint go beside the weights
+    tokenizer = ("--tokenizer-from", model.hf_checkpoint) if to == "hf" and \
+        model.hf_checkpoint and Path(model.hf_checkpoint).is_dir() else ()
     command = (*launcher, "-m", "runtime.megatron.convert", "--to", to,
                f"--tp={layout.tp}", f"--pp={layout.pp}", f"--ep={layout.ep}",
-               f"--etp={layout.etp}", "--arch", arch, source, target)
+               f"--etp={layout.etp}", "--arch", arch, *tokenizer, source, target)
     return Conversion(source, target, layout, command)

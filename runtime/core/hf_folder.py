@@ -11,6 +11,7 @@ model (one safetensors file, the "pt" format mark that transformers' loader chec
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,8 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
+# a folder holds a tokenizer when it holds one of these (the others alone load none)
+TOKENIZER_DATA = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def write_weights(tensors: Mapping, folder: Path, config: Mapping | None) -> None:
@@ -29,6 +32,7 @@ def write_weights(tensors: Mapping, folder: Path, config: Mapping | None) -> Non
     from safetensors.torch import save_file
 
     save_file(dict(tensors), str(Path(folder) / WEIGHTS_FILE), metadata={"format": "pt"})
+    as_ordinary(Path(folder) / WEIGHTS_FILE)
     if config is not None:
         (Path(folder) / CONFIG_FILE).write_text(json.dumps(with_architectures(config), indent=1,
                                                            sort_keys=True) + "\n")
@@ -46,6 +50,32 @@ def with_architectures(config: Mapping) -> dict:
         if found:
             config["architectures"] = [found]
     return config
+
+
+def umask() -> int:
+    """This process's umask, read without changing it where /proc says it (Linux >= 4.7)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_ordinary(path: Path) -> None:
+    """path given the mode of a file (0666) or folder (0777) made by open() or mkdir(), less
+    the umask: safetensors' save_file writes its file 0600 (safetensors 0.8) and
+    tempfile.mkdtemp its folder 0700, which teammates on a shared file system cannot read."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~umask())
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether an HF folder holds a tokenizer's data (TOKENIZER_DATA), not only its
+    generation config or chat template."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_DATA)
 
 
 def copy_tokenizer(source: Path, folder: Path) -> list[str]:

@@ -80,9 +80,54 @@ def _rank() -> int:
 
 def _staging(out: Path) -> Path:
     """One temporary sibling of out, named by rank 0 for every rank."""
-    name = [tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent) if _rank() == 0 else None]
+    name = [_mkdtemp(out) if _rank() == 0 else None]
     torch.distributed.broadcast_object_list(name, src=0)
     return Path(name[0])
+
+
+def _mkdtemp(out: Path) -> Path:
+    """A temporary sibling of out, with the mode of a folder mkdir makes (mkdtemp's is 0700:
+    the folder is renamed into place and must be readable as any other)."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    hf_folder.as_ordinary(staging)
+    return staging
+
+
+# safetensors' dtype names, in torch's words
+DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+# the dtype of the GPTModel a conversion builds (_model), and so of the torch_dist checkpoint
+CHECKPOINT_DTYPE = "bfloat16"
+
+
+def hf_dtypes(folder: Path) -> list[str]:
+    """The dtypes of an HF folder's floating-point tensors, in torch's words, from the
+    safetensors headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    found = set()
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(path, "pt") as file:
+            for key in file.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                dtype = file.get_slice(key).get_dtype()
+                if dtype in DTYPE_NAMES:
+                    found.add(DTYPE_NAMES[dtype])
+    return sorted(found)
+
+
+def _dtype_note(source_dtypes: list[str], direction: str) -> str | None:
+    """The line that says a conversion changes the tensors' dtype (None when it does not)."""
+    other = [d for d in source_dtypes if d != CHECKPOINT_DTYPE]
+    if not other:
+        return None
+    held = " and ".join(other)
+    if direction == "torch_dist":
+        return (f"vime convert: the HF folder's tensors are {held}; the torch_dist checkpoint "
+                f"holds them in {CHECKPOINT_DTYPE} (the training dtype), so converting it back "
+                f"gives {CHECKPOINT_DTYPE} tensors, not these (a round trip is bit-identical "
+                f"for a {CHECKPOINT_DTYPE} HF folder only)")
+    return (f"vime convert: model.safetensors holds {CHECKPOINT_DTYPE} tensors (the torch_dist "
+            f"checkpoint's dtype); the HF folder it was converted from held {held}, rounded "
+            f"to {CHECKPOINT_DTYPE} on the way")
 
 
 def read_hf(folder: Path) -> dict[str, torch.Tensor]:
@@ -198,10 +243,15 @@ def hf_to_torch_dist(hf_dir: Path, out: Path, arch: Arch, layout: dict[str, int]
             dist_checkpointing.save(model.sharded_state_dict(), str(staging))
         torch.distributed.barrier()
         if _rank() == 0:
+            dtypes = hf_dtypes(hf_dir)
             (staging / LAYOUT_FILE).write_text(json.dumps(
-                {**layout, "source": str(hf_dir), "format": "torch_dist",
-                 "spec": "megatron-core GPTModel, local layer spec"}, indent=1) + "\n")
+                {**layout, "source": str(hf_dir), "source_dtypes": dtypes,
+                 "format": "torch_dist", "spec": "megatron-core GPTModel, local layer spec"},
+                indent=1) + "\n")
             _publish(staging, out)
+            note = _dtype_note(dtypes, "torch_dist")
+            if note:
+                print(note, flush=True)
     finally:
         torch.distributed.barrier()
         if _rank() == 0:
@@ -222,7 +272,11 @@ def gather_hf(model, arch: Arch, keep: bool) -> dict[str, torch.Tensor]:
 
 
 def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, int],
-                     config_json: dict | None = None) -> None:
+                     config_json: dict | None = None, tokenizer_from: Path | None = None) -> None:
+    """The torch_dist checkpoint as an HF folder at out: model.safetensors, config.json of
+    config_json, and the tokenizer files of tokenizer_from, else of the HF folder the
+    checkpoint was converted from (its vime_layout.json's "source"); said when there are
+    none, and when the tensors' dtype differs from that folder's."""
     from megatron.core import dist_checkpointing
 
     _init(layout)
@@ -235,12 +289,44 @@ def torch_dist_to_hf(dist_dir: Path, out: Path, arch: Arch, layout: dict[str, in
     hf = gather_hf(model, arch, _rank() == 0)
     if _rank() != 0:
         return
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    record = _layout_record(dist_dir)
+    sources = [Path(p) for p in (tokenizer_from, record.get("source")) if p]
+    staging = _mkdtemp(out)
     try:
         hf_folder.write_weights(hf, staging, config_json)
+        said = _copy_tokenizer(sources, staging)
         _publish(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    print(said, flush=True)
+    note = _dtype_note(record.get("source_dtypes") or [], "hf")
+    if note:
+        print(note, flush=True)
+
+
+def _layout_record(dist_dir: Path) -> dict:
+    try:
+        record = json.loads((Path(dist_dir) / LAYOUT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _copy_tokenizer(sources: list[Path], folder: Path) -> str:
+    """The tokenizer files of the first of sources that holds a tokenizer, copied into folder;
+    the line that says what was copied, or that none was found (the generation config and
+    chat template of the first source are copied then)."""
+    for source in sources:
+        if hf_folder.has_tokenizer(source):
+            copied = hf_folder.copy_tokenizer(source, folder)
+            return f"vime convert: tokenizer files copied from {source}: {', '.join(copied)}"
+    copied = hf_folder.copy_tokenizer(sources[0], folder) if sources else []
+    looked = ", ".join(str(s) for s in sources) or "no HF folder known"
+    return (f"vime convert: no tokenizer files found (looked in {looked}): the folder has no "
+            "tokenizer, and transformers' AutoTokenizer cannot load one from it; copy "
+            "tokenizer.json, tokenizer_config.json and special_tokens_map.json (or vocab.json "
+            "and merges.txt) from the model's HF checkpoint into it"
+            + (f" (copied: {', '.join(copied)})" if copied else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     for size in ("tp", "pp", "ep", "etp"):
         parser.add_argument(f"--{size}", type=int, default=1,
                             help=f"the layout's {size} (the world must hold it)")
+    parser.add_argument("--tokenizer-from", type=Path, default=None,
+                        help="--to hf: the HF folder whose tokenizer files are copied (default: "
+                        "the one the torch_dist checkpoint was converted from)")
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
     args = parser.parse_args(argv)
@@ -264,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.to == "torch_dist":
         hf_to_torch_dist(args.source, args.target, arch, layout)
     else:
-        torch_dist_to_hf(args.source, args.target, arch, layout, config)
+        torch_dist_to_hf(args.source, args.target, arch, layout, config, args.tokenizer_from)
     if _rank() == 0:
         print(f"wrote {args.target} (tp={args.tp} pp={args.pp} ep={args.ep} etp={args.etp}, "
               f"{torch.distributed.get_world_size()} ranks)")

@@ -551,9 +551,10 @@ class Checkpoints:
                 shutil.copyfile(Path(hf_checkpoint) / hf_folder.CONFIG_FILE,
                                 partial / hf_folder.CONFIG_FILE)
             # Path("") is the working folder: without hf_checkpoint nothing is copied
-            copied = hf_folder.copy_tokenizer(Path(hf_checkpoint), partial) \
-                if hf_checkpoint else []
-            if not copied and hasattr(tokenizer, "save_pretrained"):
+            if hf_checkpoint:
+                hf_folder.copy_tokenizer(Path(hf_checkpoint), partial)
+            if not (hf_checkpoint and hf_folder.has_tokenizer(Path(hf_checkpoint))) \
+                    and hasattr(tokenizer, "save_pretrained"):
                 tokenizer.save_pretrained(str(partial))
             if not (partial / hf_folder.WEIGHTS_FILE).is_file():
                 raise CheckpointError(f"the HF folder of rollout {rollout_id} has no "
