@@ -7,7 +7,7 @@ import re
 import tomllib
 
 from vime.diagnostics import Diagnostic, Location
-from vime.parse import Path, SpanIndex
+from vime.parse import MAX_NESTING, Path, SpanIndex, deepest, too_deep
 
 _KEY_PATH = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _BARE_WORD = re.compile(r"^[A-Za-z_/.~][^\s\"'=\[\]{}#]*$")
@@ -30,8 +30,18 @@ def parse_override(index: int, argument: str) -> Override | Diagnostic:
     if not sep or not _KEY_PATH.match(key):
         return Diagnostic("error", "V004", (), f"--set {argument!r} is not key.path=value", where,
                           help="write it as --set train.parallel.tp=8 (TOML value syntax)")
+    path = tuple(key.split("."))
+    deep = Diagnostic("error", "V004", path[:MAX_NESTING],
+                      f"--set {key[:60]}{'...' if len(key) > 60 else ''}: the key and value "
+                      f"nest tables and arrays more than {MAX_NESTING} levels deep; no key of "
+                      "vime's is deeper than 4", where,
+                      help="set a key of the spec (docs/spec.md has every key)")
+    if len(path) > MAX_NESTING or too_deep(text) is not None:  # before tomllib recurses
+        return deep
     try:
         value = tomllib.loads(f"v = {text}")["v"]
+    except RecursionError:
+        return deep
     except tomllib.TOMLDecodeError:
         # torchtitan-style: a bare word is a string (--set experiment.name=run2)
         if not _BARE_WORD.match(text.strip()):
@@ -39,7 +49,9 @@ def parse_override(index: int, argument: str) -> Override | Diagnostic:
                               f"--set {key}: {text!r} is not a TOML value", where,
                               help='quote strings: --set data.prompt_data="/data/x.jsonl"')
         value = text.strip()
-    return Override(index, argument, tuple(key.split(".")), value)
+    if isinstance(value, dict | list) and deepest(value, path[:-1] + ("",)) is not None:
+        return deep
+    return Override(index, argument, path, value)
 
 
 def apply(raw: dict, overrides: list[Override]) -> tuple[dict, list[Diagnostic]]:

@@ -16,6 +16,11 @@ from vime.diagnostics import Diagnostic, Location, dotted
 
 Path = tuple[str | int, ...]
 
+# Tables and arrays inside one another: the schema's deepest value is 4 (eval.datasets[0].name,
+# model.arch's rope_scaling.factor); tomllib recurses once an array or inline table nests, and
+# stops with RecursionError near 500 levels, the later stages (deepcopy, jsonschema) sooner.
+MAX_NESTING = 32
+
 
 @dataclass(frozen=True)
 class Source:
@@ -79,10 +84,86 @@ def decode(name: str, data: bytes) -> Source:
 _TOMLLIB_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 
+def too_deep(text: str) -> tuple[int, int] | None:
+    """The line and column of the first `[` or `{` that nests arrays and inline tables more
+    than MAX_NESTING deep in TOML text, skipping strings and comments; None when none does.
+    Table headers count as one or two levels while they are open."""
+    depth, i, line, line_start = 0, 0, 1, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\n":
+            line, line_start = line + 1, i + 1
+        elif ch == "#":
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        elif ch in "\"'":
+            end = _string_end(text, i)
+            line += text.count("\n", i, end)
+            if "\n" in text[i:end]:
+                line_start = text.rfind("\n", i, end) + 1
+            i = end
+            continue
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return line, i - line_start + 1
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        i += 1
+    return None
+
+
+def _string_end(text: str, start: int) -> int:
+    """The index after the TOML string (any of the four kinds) that starts at `start`."""
+    quote = text[start]
+    if text.startswith(quote * 3, start):
+        end = text.find(quote * 3, start + 3)
+        if end < 0:
+            return len(text)
+        end += 3
+        while text[end:end + 1] == quote:  # """a"""" ends one later
+            end += 1
+        return end
+    i = start + 1
+    while i < len(text) and text[i] not in (quote, "\n"):
+        i += 2 if quote == '"' and text[i] == "\\" else 1
+    return min(i + 1, len(text))
+
+
+def deepest(value, path: Path = ()) -> Path | None:
+    """The path of the first table or array (value's own at `path` included) nested more than
+    MAX_NESTING deep, counting `path`'s own tables; None when there is none."""
+    stack = [(tuple(path), value)]
+    while stack:
+        at, node = stack.pop()
+        if len(at) > MAX_NESTING:
+            return at
+        children = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend(reversed([((*at, key), child) for key, child in children
+                               if isinstance(child, dict | list)]))
+    return None
+
+
+def _too_deep_error(source: Source, line: int, col: int, path: Path = ()) -> ParseError:
+    return ParseError(Diagnostic(
+        "error", "V007", path,
+        f"the spec nests tables and arrays more than {MAX_NESTING} levels deep; no key of "
+        "vime's is deeper than 4", Location(source.name, line, col, source.line(line)),
+        help="remove the nesting: a spec's values are numbers, strings, booleans and short "
+        "lists (docs/spec.md has every key)"))
+
+
 def parse(source: Source) -> tuple[dict, SpanIndex]:
-    """Parse a spec; a syntax error becomes a V001 diagnostic (raised as ParseError)."""
+    """Parse a spec; a syntax error becomes a V001 diagnostic, nesting deeper than any key a
+    V007 (raised as ParseError)."""
+    bracket = too_deep(source.text)
+    if bracket is not None:  # before tomllib, which recurses into arrays and inline tables
+        raise _too_deep_error(source, *bracket)
     try:
         raw = tomllib.loads(source.text)
+    except RecursionError:
+        raise _too_deep_error(source, 1, 1) from None
     except tomllib.TOMLDecodeError as err:
         found = _TOMLLIB_POSITION.search(str(err))
         line, col = (int(found[1]), int(found[2])) if found else (1, 1)
@@ -102,7 +183,16 @@ def parse(source: Source) -> tuple[dict, SpanIndex]:
                 "tables are written [section])",
             )
         ) from None
-    return raw, SpanIndex(source, _Scanner(source.text).scan())
+    spans = SpanIndex(source, _Scanner(source.text).scan())
+    deep = deepest(raw)
+    if deep is not None:  # dotted keys and [a.b.c] headers nest without brackets
+        deep = deep[:MAX_NESTING + 1]
+        # the key's own place, or the first header written below it ([a.b.c] marks only itself)
+        below = [at for path, at in spans.spans.items() if path[:len(deep)] == deep]
+        where = spans.locate(deep)
+        line, col = min(below) if below else (where.line, where.col)
+        raise _too_deep_error(source, line, col, deep)
+    return raw, spans
 
 
 # tomllib's messages for a key or table written twice; they name neither the key nor the

@@ -99,6 +99,14 @@ STAGE_CODES: dict[str, tuple[str, str]] = {
         is not UTF-8.
         Fix: save the file as UTF-8 (an editor's "Save with Encoding", or
         `iconv -f latin1 -t utf-8 spec.toml > fixed.toml`)."""),
+    "V007": ("spec-too-deep", """The spec nests tables and arrays more than 32 levels deep.
+
+        No key of vime's is deeper than 4 (eval.datasets[0].name); a spec nested hundreds
+        deep (a generated file, a fuzzer's) is not a spec vime can read: Python's tomllib
+        recurses once per array or inline table and stops near 500 levels, and the later
+        stages sooner. The position is the bracket, key or header that passes 32 levels; a
+        --set nested as deep is a V004.
+        Fix: remove the nesting; docs/spec.md lists every key."""),
 }
 
 
