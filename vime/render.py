@@ -251,7 +251,21 @@ def plan_text(plan: Plan) -> str:
     out += _memory_text(plan)
     out += _colocation_text(plan)
     out += _forecast_text(plan)
+    out += _folders_lines(spec)
     return "\n".join(out) + "\n"
+
+
+def _folders_lines(spec) -> list[str]:
+    """The absolute folders a run of the spec writes, and the rule its relative paths follow."""
+    found = spec.run_folders
+    if found is None:
+        return []
+    out = ["", "writes (experiment.output_dir is read from the folder vime runs in, the data and "
+           "model", "        paths from the spec's folder: docs/spec.md, \"Paths\")",
+           f"  job folders  {found.experiment}/<job id>/",
+           f"  checkpoints  {found.checkpoints}/"
+           + (f" ({found.checkpoints_key})" if found.checkpoints_key == "model.save" else "")]
+    return out
 
 
 def _function_lines(spec) -> list[str]:
@@ -279,7 +293,7 @@ def _hf_lines(spec) -> list[str]:
     if not every:
         return []
     count = rollouts // every + (1 if rollouts % every else 0)
-    folder = spec.model.save or f"{spec.experiment.output_dir}/{spec.experiment.name}/checkpoints"
+    folder = spec.run_folders.checkpoints if spec.run_folders else spec.model.save
     return [f"  HF model folder every {plural(every, 'rollout')} and after the last "
             f"({plural(count, 'folder')}): {folder}/hf/rollout_XXXXXX/"]
 

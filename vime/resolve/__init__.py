@@ -28,6 +28,7 @@ from vime.resolve.spec import (
     PromptFile,
     PromptSample,
     ResumeCheckpoint,
+    RunFolders,
     SavedLayout,
     Spec,
 )
@@ -254,6 +255,19 @@ def resume_folder(values: dict, spec_dir: FsPath, cwd: FsPath) -> tuple[FsPath, 
     return output_dir / experiment["name"] / "checkpoints", "experiment.output_dir"
 
 
+def run_folders(values: dict, spec_dir: FsPath, cwd: FsPath) -> RunFolders:
+    """Where a run writes: experiment.output_dir from the folder vime runs in (as `vime submit`
+    makes the experiment folder), model.save as the runtime finds it (from the spec's folder
+    unless found only in the working one)."""
+    experiment = values["experiment"]
+    folder = FsPath(os.path.normpath(cwd / os.path.expanduser(experiment["output_dir"])))
+    folder = folder / experiment["name"]
+    save = values["model"].get("save")
+    if save:
+        return RunFolders(str(folder), str(_as_runtime_finds(save, spec_dir, cwd)), "model.save")
+    return RunFolders(str(folder), str(folder / "checkpoints"), "experiment.output_dir")
+
+
 def read_resume_checkpoint(values: dict, spec_dir: FsPath) -> ResumeCheckpoint | None:
     """The checkpoint a submit would resume from and its vime_checkpoint.json, when the
     folder is on this machine and the checkpoint has one (V708, V709 compare it)."""
@@ -395,6 +409,7 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath, resume: bool = Tr
                 model_config=model_config,
                 hf_folder=read_hf_folder(values["model"], spec_dir, FsPath.cwd()),
                 prompt_files=read_prompt_files(values, spec_dir, FsPath.cwd()),
+                run_folders=run_folders(values, spec_dir, FsPath.cwd()),
                 spec_dir=str(spec_dir),
                 torch_dist_layout=saved_layout, resume_checkpoint=resume_checkpoint,
                 invocation=invocation, origins=origins)

@@ -337,6 +337,16 @@ class PromptFile:
 
 
 @dataclass(frozen=True)
+class RunFolders:
+    """The folders a run of this spec writes, absolute, as `vime submit` run here makes them
+    (vime/launch/submit.py, experiment_dir; vime/launch/paths.py)."""
+
+    experiment: str  # <experiment.output_dir>/<experiment.name>: job folders, logs, the lock
+    checkpoints: str  # model.save, else <experiment>/checkpoints
+    checkpoints_key: str  # the key that names the checkpoint folder
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The model's config.json (or preset) as read, before [model.arch] is applied: what the
     support matrix (V102) and the contradiction rule (V103) read. vLLM serves this file."""
@@ -372,6 +382,8 @@ class Spec:
     hf_folder: HfFolder | None = field(default=None, compare=False)
     # data.prompt_data, then each [[eval.datasets]] table's prompt_data, as found here
     prompt_files: tuple[PromptFile, ...] = field(default=(), compare=False)
+    # the folders a run writes, as `vime submit` run in this folder makes them
+    run_folders: RunFolders | None = field(default=None, compare=False)
     # the spec file's folder: relative paths and rollout.reward's module are read from there
     spec_dir: str | None = field(default=None, compare=False)
     # the spec file and its --set arguments as given, for help lines that print a command
