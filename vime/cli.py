@@ -367,7 +367,8 @@ def _preflight_here(prepared, source, ray_address: str | None) -> None:
     problem = (prompt_data_problem(spec.data.prompt_data, Path(source.name).resolve().parent,
                                    spec.data.input_key, spec.data.label_key)
                or save_dir_problem(spec.model.save, Path(source.name).resolve().parent,
-                                   prepared.experiment_dir))
+                                   prepared.experiment_dir,
+                                   hf=spec.checkpoint.save_hf_interval > 0))
     if problem:
         raise UsageError(problem)
 

@@ -101,15 +101,19 @@ def rollout_function(config: JobConfig):
 
 
 def checkpoints_of(config: JobConfig, log=log) -> Checkpoints:
-    """The job's checkpoint folders, the save folder checked writable and with room for a
-    save as large as the newest one there, before anything starts.
+    """The job's checkpoint folders, the save folder (and its HF folders' folder, when the
+    run writes HF folders) checked writable and with room for a save as large as the newest
+    one there, before anything starts.
 
     Raises:
-        CheckpointError: the save folder cannot be written, or its file system is too full.
+        CheckpointError: the save folder or HF folders' folder cannot be written, or its file
+            system is too full.
     """
     checkpoints = Checkpoints(config.save_dir, config.load_dir, keep_last=config.keep_last,
                               log=log)
     checkpoints.check_writable()
+    if config.save_hf_interval > 0:
+        checkpoints.check_hf_writable()
     checkpoints.check_space()
     return checkpoints
 

@@ -92,8 +92,10 @@ def function_problem(name: str | None, spec_dir: str | None = None) -> str | Non
     return None
 
 
-def save_dir_problem(save: str | None, spec_dir: Path, experiment_dir: Path) -> str | None:
-    """None when the checkpoint folder can be written and has room for the next save."""
+def save_dir_problem(save: str | None, spec_dir: Path, experiment_dir: Path,
+                     hf: bool = False) -> str | None:
+    """None when the checkpoint folder can be written and has room for the next save, and
+    (hf: checkpoint.save_hf_interval > 0) its HF folders' folder can be written too."""
     folder = _path(save, spec_dir) if save else Path(experiment_dir) / "checkpoints"
     checkpoints = Checkpoints(folder)
     try:
@@ -101,6 +103,11 @@ def save_dir_problem(save: str | None, spec_dir: Path, experiment_dir: Path) -> 
         checkpoints.check_space()
     except CheckpointError as err:
         return f"{'model.save' if save else 'experiment.output_dir'}: {err}"
+    if hf:
+        try:
+            checkpoints.check_hf_writable()
+        except CheckpointError as err:
+            return f"checkpoint.save_hf_interval: {err}"
     return None
 
 
@@ -138,7 +145,8 @@ def check_job(job_dir: Path) -> None:
                                    data["label_key"])
                or reward_problem(spec["rollout"]["reward"], spec_dir_of(job_dir))
                or function_problem(spec["rollout"].get("function"), spec_dir_of(job_dir))
-               or save_dir_problem(spec["model"].get("save"), spec_dir, job_dir.parent)
+               or save_dir_problem(spec["model"].get("save"), spec_dir, job_dir.parent,
+                                   hf=spec["checkpoint"].get("save_hf_interval", 0) > 0)
                or eval_and_filter_problem(spec, spec_dir, spec_dir_of(job_dir)))
     if problem:
         raise PreflightError(problem)

@@ -213,6 +213,26 @@ def no_space(folder: Path) -> CheckpointError:
         "model.save at a larger one; the previous checkpoint is intact")
 
 
+def _unwritable(folder: Path) -> str | None:
+    """None when folder can be made and a folder made in it, else why not (the OS's words and
+    the path).
+
+    Raises:
+        CheckpointError: no space left there (no_space).
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f"{PARTIAL}probe-{uuid.uuid4().hex[:8]}-{os.getpid()}@" \
+            f"{socket.gethostname()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise no_space(folder) from None
+        return f"{err.strerror or err} ({err.filename or folder})"
+    return None
+
+
 def verify(folder: Path, checksums: bool = True) -> str | None:
     """None when a checkpoint's files match what its state.json lists (sizes, and sha256
     with checksums) and state.json matches its own checksum (always: it is small), else what
@@ -381,19 +401,19 @@ class Checkpoints:
         """Raises CheckpointError when the save folder cannot be made or written (a
         read-only model.save, a file in its place): said at the start, not at the first
         save."""
-        try:
-            self.save_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.save_dir / f"{PARTIAL}probe-{uuid.uuid4().hex[:8]}-{os.getpid()}@" \
-                f"{socket.gethostname()}"
-            probe.mkdir()
-            probe.rmdir()
-        except OSError as err:
-            if err.errno == errno.ENOSPC:
-                raise no_space(self.save_dir) from None
+        problem = _unwritable(self.save_dir)
+        if problem:
+            raise CheckpointError(f"cannot write checkpoints in {self.save_dir}: {problem}; "
+                                  "make it a writable folder or point model.save elsewhere")
+
+    def check_hf_writable(self) -> None:
+        """Raises CheckpointError when the HF folders' folder (<save dir>/hf) cannot be made
+        or written: said at the start, not at the first export."""
+        problem = _unwritable(self.hf_dir)
+        if problem:
             raise CheckpointError(
-                f"cannot write checkpoints in {self.save_dir}: {err.strerror or err} "
-                f"({err.filename or self.save_dir}); make it a writable folder or point "
-                "model.save elsewhere") from None
+                f"cannot write HF folders in {self.hf_dir}: {problem}; make it a writable "
+                "folder, point model.save elsewhere, or set checkpoint.save_hf_interval = 0")
 
     def expected_bytes(self) -> int:
         """The size of the newest checkpoint in the save folder (0 when there is none)."""
