@@ -194,9 +194,12 @@ def test_submit_fresh_and_convert_are_not_refused_for_the_old_runs_checkpoint(tm
     assert main(["submit", str(TINY), "--local", *sets]) == 1
     assert "error[V708]" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-cpu"]  # nothing started
-    # --fresh gets as far as the preflight of the new run (a prompt file that is not there)
+    # --fresh gets as far as the preflight of the new run (a record past the 20 that plan
+    # reads has no label)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "1+1", "label": "2"}\n' * 20 + '{"prompt": "2+2"}\n')
     assert main(["submit", str(TINY), "--local", "--fresh", *sets,
-                 "--set", 'data.prompt_data="missing.jsonl"']) == 2
+                 "--set", f"data.prompt_data={json.dumps(str(prompts))}"]) == 2
     out, err = capsys.readouterr()
     assert f"vime: --fresh: a new run tiny-cpu-2 in {tmp_path / 'tiny-cpu-2'}" in out
     assert "V708" not in err and "data.prompt_data: " in err
