@@ -46,7 +46,8 @@ def test_a_package_that_is_installed_but_does_not_import_is_told_apart(stand_ins
     _package(stand_ins, "transformer_engine",
              'raise ImportError("libcudart.so.12: cannot open shared object file")\n')
     packages = [doctor.BY_MODULE["transformer_engine"], doctor.BY_MODULE["wandb"]]
-    engine, wandb = doctor.imports(packages, timeout_s=60)
+    engine, wandb, *hardware = doctor.imports(packages, timeout_s=60)
+    assert [row.package.module for row in hardware] == ["cuda", "driver", "gpus"]
     assert engine.version == "(version unknown)" and not engine.usable
     assert engine.problem == "ImportError: libcudart.so.12: cannot open shared object file"
     assert (wandb.version, wandb.problem, wandb.usable) == (None, None, False)
