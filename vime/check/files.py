@@ -1,4 +1,4 @@
-"""V730-V732: model.hf_checkpoint and the prompt files on the machine vime runs on.
+"""V730-V733: model.hf_checkpoint and the prompt files on the machine vime runs on.
 
 resolve looks the folder up as the runtime will (Spec.hf_folder); the rule reports what plan
 and compile can know, and `vime submit --local` makes a missing folder an error (at_submit):
@@ -140,44 +140,98 @@ def prompt_files_at_submit(spec: Spec, launcher: str, default_driver: bool) -> l
 
 # the names datasets give the prompt and the answer, most usual first
 _USUAL_NAMES = {
-    "data.input_key": ("prompt", "problem", "question", "query", "input", "instruction"),
-    "data.label_key": ("label", "answer", "solution", "ground_truth", "reference", "target"),
+    "input_key": ("prompt", "problem", "question", "query", "input", "instruction"),
+    "label_key": ("label", "answer", "solution", "ground_truth", "reference", "target"),
 }
 
 
 @rule("V731", "prompt-records-have-keys", enforced_by="vime")
 def prompt_records_have_keys(spec: Spec):
-    """The first records of data.prompt_data lack data.input_key or data.label_key, or are not
-    JSON objects.
+    """The first records of a prompt file (data.prompt_data, an [[eval.datasets]] table's
+    prompt_data) lack its input or label key, or are not JSON objects.
 
     The driver reads every record of the prompt file when the job starts, after the queue wait
     and Ray's start-up (runtime/rl/data.py), and stops at the first one without the prompt or
     the label: "prompts.jsonl:1: no key 'prompt' (data.input_key / data.label_key); it has
-    ['label', 'problem']". Datasets name these columns differently (DAPO-Math-17k "prompt" and
-    "label", DeepScaleR "problem" and "answer"). When the file is readable where vime runs,
+    ['label', 'problem']"; an evaluation dataset's file is read the same way once the actors
+    are up, with its own input_key and label_key (data.input_key and data.label_key unless
+    the table sets them). Datasets name these columns differently (DAPO-Math-17k "prompt" and
+    "label", DeepScaleR "problem" and "answer"). When a file is readable where vime runs,
     vime reads its first 20 records (one JSON object per line) and checks each has both keys;
     a file on the cluster only is checked by the job itself before Ray starts.
-    Fix: set data.input_key and data.label_key to the record's names (the help line lists
-    them and the closest), or point data.prompt_data at a file in that format."""
-    sample = spec.prompt_sample
+    Fix: set the input and label keys to the record's names (the help line lists them and the
+    closest), or point the prompt_data key at a file in that format."""
+    for found in spec.prompt_files:
+        yield from _records_have_keys(spec, found)
+
+
+def _key_names(spec: Spec, file_key: str) -> dict[str, str]:
+    """The input and label keys of a prompt file: key path -> the record's name they give."""
+    if file_key == "data.prompt_data":
+        return {"data.input_key": spec.data.input_key, "data.label_key": spec.data.label_key}
+    table = file_key.rsplit(".", 1)[0]
+    dataset = spec.eval.datasets[int(table.split("[", 1)[1].split("]", 1)[0])]
+    return {f"{table}.input_key": dataset.input_key, f"{table}.label_key": dataset.label_key}
+
+
+def _records_have_keys(spec: Spec, found):
+    sample = found.sample
     if sample is None or (sample.problem is None and not sample.missing):
         return
     where = f"{sample.path}:{sample.line}"
     if sample.problem:
-        yield Finding("data.prompt_data", f"{where}: {sample.problem}; the driver reads one JSON "
+        yield Finding(found.key, f"{where}: {sample.problem}; the driver reads one JSON "
                       "object per line", help="write the prompt file as JSON lines: "
                       '{"prompt": "...", "label": "..."} on each line')
         return
-    names = {"data.input_key": spec.data.input_key, "data.label_key": spec.data.label_key}
+    names = _key_names(spec, found.key)
     for key, value in names.items():
         if value not in sample.missing:
             continue
         others = [k for k in sample.keys if k not in names.values()]
-        usual = [k for k in _USUAL_NAMES[key] if k in others]
+        usual = [k for k in _USUAL_NAMES[key.rsplit(".", 1)[1]] if k in others]
         close = usual or difflib.get_close_matches(value, others, n=1, cutoff=0.6)
         keys = ", ".join(sample.keys) or "none"
         fix = (f'did you mean {key} = "{close[0]}"? the record\'s keys are {keys}' if close
                else f"the record's keys are {keys}")
         yield Finding(key, f"{key} = {value!r}, but record {sample.records} of "
-                      f"data.prompt_data ({where}) has no such key", help=fix,
-                      related=("data.prompt_data",))
+                      f"{found.key} ({where}) has no such key", help=fix,
+                      related=(found.key,))
+
+
+@rule("V733", "prompt-records-usable", enforced_by="vime")
+def prompt_records_usable(spec: Spec):
+    """A prompt file (data.prompt_data, an [[eval.datasets]] table's prompt_data) has no
+    records, or a record's prompt is not one the driver can render.
+
+    The driver renders each record's prompt when the job starts (runtime/rl/data.py, render),
+    after the queue wait, Ray's start-up and the actors' (an evaluation file after the
+    engines'): a prompt is a string, or with data.apply_chat_template a list of
+    {"role": ..., "content": ...} chat messages. A null, a number or an object stops the job
+    there ("a prompt given as chat messages needs data.apply_chat_template = true", or a
+    TypeError of the tokenizer's), and a file with no records stops it with "no prompt of at
+    most rollout.max_prompt_len tokens". When the file is readable where vime runs, vime
+    checks its first 20 records.
+    Fix: write each record's prompt as a string (or as chat messages with
+    data.apply_chat_template = true), and point the key at a file with records."""
+    for found in spec.prompt_files:
+        sample = found.sample
+        if sample is None or sample.problem or sample.missing:
+            continue  # unreadable here, or V731's
+        if sample.records == 0:
+            yield Finding(found.key, f"{found.key}: {sample.path} has no records (no line "
+                          "holds a JSON object); the driver stops at start with \"no prompt "
+                          "of at most rollout.max_prompt_len tokens\"",
+                          help="point it at the JSON-lines file of the data set: "
+                          '{"prompt": "...", "label": "..."} on each line')
+        elif sample.prompt_problem:
+            input_key, name = next(iter(_key_names(spec, found.key).items()))
+            chat = "apply_chat_template" in sample.prompt_problem
+            yield Finding(found.key, f"{sample.path}:{sample.prompt_line}: the prompt "
+                          f"({input_key} {name!r}) is {sample.prompt_problem}",
+                          help="set data.apply_chat_template = true (the tokenizer's chat "
+                          "template renders the messages), or write the prompt as a string"
+                          if chat else "write each record's prompt as a string (or as a list "
+                          'of {"role": ..., "content": ...} messages with '
+                          "data.apply_chat_template = true)",
+                          related=(input_key,))

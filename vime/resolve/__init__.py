@@ -174,12 +174,39 @@ def _as_runtime_finds(value: str, spec_dir: FsPath, cwd: FsPath) -> FsPath:
 PROMPT_SAMPLE_RECORDS = 20  # how many records of each prompt file resolve reads
 
 
-def read_prompt_sample(path: FsPath, input_key: str, label_key: str) -> PromptSample | None:
+def prompt_value_problem(value, chat_template: bool) -> str | None:
+    """What is wrong with a record's prompt for the driver (runtime/rl/data.py, render): a
+    string, or with data.apply_chat_template a list of {"role", "content"} messages."""
+    if isinstance(value, str):
+        return None
+    if isinstance(value, list):
+        if not chat_template:
+            return "a list of chat messages, which needs data.apply_chat_template = true"
+        for number, message in enumerate(value, 1):
+            if not isinstance(message, dict):
+                return (f"a list whose item {number} is {_shown(message)}, not a chat message "
+                        '({"role": ..., "content": ...})')
+            for field_name in ("role", "content"):
+                if field_name not in message:
+                    return f"a list whose message {number} has no {field_name!r}"
+        return None
+    return f"{_shown(value)}, not a string or a list of chat messages"
+
+
+def _shown(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_prompt_sample(path: FsPath, input_key: str, label_key: str,
+                       chat_template: bool) -> PromptSample | None:
     """The first records of a prompt file (JSON lines, as runtime/rl/data.py reads them)
-    against its input and label keys; None when the file is not readable here."""
+    against its input and label keys and the prompts' form; None when the file is not
+    readable here."""
     wanted = (input_key, label_key)
     records = 0
     first_keys: tuple[str, ...] = ()
+    prompt_at: tuple[int, str] | None = None
     try:
         with open(path, encoding="utf-8") as lines:
             for number, line in enumerate(lines, 1):
@@ -196,11 +223,16 @@ def read_prompt_sample(path: FsPath, input_key: str, label_key: str) -> PromptSa
                 missing = tuple(dict.fromkeys(k for k in wanted if k not in row))
                 if missing:
                     return PromptSample(str(path), records, number, None, tuple(row), missing)
+                if prompt_at is None:
+                    problem = prompt_value_problem(row[input_key], chat_template)
+                    prompt_at = (number, problem) if problem else None
                 if records == PROMPT_SAMPLE_RECORDS:
                     break
     except (OSError, UnicodeDecodeError):
         return None  # on the cluster only, or unreadable: the job's preflight says so
-    return PromptSample(str(path), records, keys=first_keys)
+    return PromptSample(str(path), records, keys=first_keys,
+                        prompt_line=prompt_at[0] if prompt_at else None,
+                        prompt_problem=prompt_at[1] if prompt_at else None)
 
 
 def read_prompt_files(values: dict, spec_dir: FsPath, cwd: FsPath) -> tuple[PromptFile, ...]:
@@ -220,7 +252,8 @@ def read_prompt_files(values: dict, spec_dir: FsPath, cwd: FsPath) -> tuple[Prom
             exists = False
         files.append(PromptFile(key, str(path), exists,
                                 not FsPath(os.path.expanduser(value)).is_absolute(),
-                                read_prompt_sample(path, input_key, label_key)))
+                                read_prompt_sample(path, input_key, label_key,
+                                                   bool(data["apply_chat_template"]))))
     return tuple(files)
 
 

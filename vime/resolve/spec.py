@@ -321,6 +321,10 @@ class PromptSample:
     problem: str | None = None  # "not JSON: ...", "not a JSON object"
     keys: tuple[str, ...] = ()  # the keys of the record at `line` (or of the first record)
     missing: tuple[str, ...] = ()  # data.input_key / data.label_key that record lacks
+    # the first record whose prompt the driver cannot render: its line and what the prompt is
+    # ("null, not a string or a list of chat messages")
+    prompt_line: int | None = None
+    prompt_problem: str | None = None
 
 
 @dataclass(frozen=True)
