@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from vime.launch.progress import eval_parts
+from vime.launch.progress import eval_parts, sampling_parts
 
 CONSOLE = (("reward/mean", "reward {:.3f}"), ("reward/acc", "acc {:.2f}"),
            ("response_len/mean", "len {:.1f}"), ("train/clip_fraction", "clip {:.3f}"),
@@ -22,18 +22,6 @@ CONSOLE = (("reward/mean", "reward {:.3f}"), ("reward/acc", "acc {:.2f}"),
            ("throughput/generate_tokens_per_s", "gen {:.0f} tok/s"),
            ("throughput/train_tokens_per_s", "train {:.0f} tok/s"),
            ("time/rollout", "{:.2f} s"))
-
-
-def sampling_parts(numbers: dict[str, float]) -> list[str]:
-    """The console's words for dynamic sampling: groups kept and filtered, and NO GROUP KEPT
-    with the rollouts in a row when none was."""
-    if "rollout/groups_kept" not in numbers:
-        return []
-    kept, filtered = numbers["rollout/groups_kept"], numbers["rollout/groups_filtered"]
-    part = f"groups kept {kept:.0f} filtered {filtered:.0f}"
-    if not kept:
-        part += f" NO GROUP KEPT ({numbers.get('rollout/empty_streak', 1):.0f} in a row)"
-    return [part]
 
 
 class MetricsLogger:

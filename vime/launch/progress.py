@@ -48,6 +48,18 @@ def eval_parts(numbers: dict[str, float]) -> list[str]:
     return parts
 
 
+def sampling_parts(numbers: dict[str, float]) -> list[str]:
+    """The console's words for dynamic sampling: groups kept and filtered, and NO GROUP KEPT
+    with the rollouts in a row when none was."""
+    if numbers.get("rollout/groups_kept") is None:
+        return []
+    kept, filtered = numbers["rollout/groups_kept"], numbers.get("rollout/groups_filtered") or 0
+    part = f"groups kept {kept:.0f} filtered {filtered:.0f}"
+    if not kept:
+        part += f" NO GROUP KEPT ({numbers.get('rollout/empty_streak') or 1:.0f} in a row)"
+    return [part]
+
+
 def rollout_line(record: dict, total: int, eta_s: float | None) -> str:
     index, width = record["rollout"], len(str(total))
     if index >= total:  # the evaluation of the final weights (eval.at_end)
@@ -59,6 +71,7 @@ def rollout_line(record: dict, total: int, eta_s: float | None) -> str:
                      ("throughput/generate_tokens_per_s", "{:.0f} tok/s")):
         if record.get(key) is not None:
             parts.append(fmt.format(record[key]))
+    parts += sampling_parts(record)
     phases = " ".join(f"{short} {record[f'time/{name}']:.2f}" for name, short in PHASES
                       if record.get(f"time/{name}") is not None)
     if phases:
