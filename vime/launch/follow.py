@@ -247,7 +247,9 @@ def cancel(folder: JobFolder) -> str:
     info = folder.info
     if info["launcher"] == "slurm":
         slurm.cancel(info["job_id"])
-        return f"cancelled job {info['job_id']} (scancel; each node stops its own Ray)"
+        # scancel returns before the nodes stop: a save they finish as they stop moves it on
+        return (f"cancelled job {info['job_id']} (scancel; each node stops its own Ray, "
+                f"which scancel does not wait for); now: {_next_submit(folder)}")
 
     pids = (folder.read_json("local.json") or {}).get("pids", [])
     alive = [pid for pid in pids if local_launcher.pid_alive(pid) and local_launcher.alive(pid)]
@@ -258,4 +260,15 @@ def cancel(folder: JobFolder) -> str:
     local_launcher.stop_job(info["job_id"], alive)
     local_launcher.write_outcome(folder.path, "cancelled")
     return (f"cancelled job {info['job_id']}: {len(alive)} node process(es) and their Ray "
-            f"stopped in {time.time() - started:.1f} s")
+            f"stopped in {time.time() - started:.1f} s; {_next_submit(folder)}")
+
+
+def _next_submit(folder: JobFolder) -> str:
+    """Where the next submit of the job's spec starts, as the job's last line says it."""
+    import tomllib
+
+    from vime.launch import progress, resume
+
+    total = tomllib.loads((folder.path / "resolved.toml").read_text())["rollout"]["num_rollout"]
+    return progress.next_submit(resume.job_start_point(folder.path), total,
+                                folder.info.get("resume"))

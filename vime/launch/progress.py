@@ -99,6 +99,23 @@ class _Tail:
         return [line.decode(errors="replace") for line in complete]
 
 
+def next_submit(after, total: int, resume_with: str | None = None) -> str:
+    """Where the next submit of a stopped run starts (`after`, a
+    vime.launch.resume.StartPoint of the run's checkpoint.on_corrupt): the job's last line and
+    `vime cancel` say it in these words. `resume_with` is the submit that resumes it (job.json's
+    "resume"), else "the next `vime submit` of this spec"."""
+    if after.problem:  # checkpoint.on_corrupt = "stop" with a corrupt newest checkpoint
+        return (f"{resume_with or 'the next `vime submit` of this spec'} does not start: "
+                f"{after.describe(total)}")
+    if resume_with:
+        return f"{resume_with} " + (
+            f"resumes it from rollout {after.next_rollout} (checkpoint {after.checkpoint})"
+            if after.checkpoint else "starts it again (no checkpoint yet)")
+    return "the next `vime submit` of this spec " + (
+        f"resumes from rollout {after.next_rollout} (checkpoint {after.checkpoint})"
+        if after.checkpoint else "starts fresh (no checkpoint yet)")
+
+
 # how a job that stopped before its end was stopped, in the outcome's words
 STOPPED = {"interrupted": "interrupted", "terminated": "terminated (SIGTERM)",
            "cancelled": "cancelled (vime cancel)"}
@@ -197,14 +214,7 @@ class Progress:
                 return line + (f"; a later job has since finished its run (checkpoint "
                                f"{after.checkpoint} is at rollout {after.next_rollout} of "
                                f"{self.total}): there is nothing to resume")
-            if resume_with:
-                return line + f"; {resume_with} " + (
-                    f"resumes it from rollout {after.next_rollout} (checkpoint "
-                    f"{after.checkpoint})" if after.checkpoint else
-                    "starts it again (no checkpoint yet)")
-            return line + "; the next `vime submit` of this spec " + (
-                f"resumes from rollout {after.next_rollout} (checkpoint {after.checkpoint})"
-                if after.checkpoint else "starts fresh (no checkpoint yet)")
+            return f"{line}; {next_submit(after, self.total, resume_with)}"
         error = error or ""
         return (f"job {job_id} failed" + (f": {error}" if error else "")
                 + ("" if str(log) in error else f"\n  full log: {log}"))
