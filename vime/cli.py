@@ -410,12 +410,16 @@ def _detach(args, prepared, start, launcher: str) -> int:
 
 
 def _run_here(args, prepared, start, launcher: str) -> int:
-    from vime.launch import progress, resume, submit
+    from vime.launch import local, progress, resume, submit
 
     spec = prepared.plan.spec
     total = spec.rollout.num_rollout
     quiet = args.quiet
     shown = progress.Progress(prepared.experiment_dir, total, quiet=quiet)  # until on_start
+    layout = local.layout_words(
+        spec.cluster.nodes, spec.cluster.gpus_per_node,
+        torch_pair=spec.train.backend == spec.inference.backend == "torch",
+        here=launcher == "local" or local.on_this_machine(args.ray_address))
 
     def on_start(folder) -> None:
         nonlocal shown
@@ -423,8 +427,7 @@ def _run_here(args, prepared, start, launcher: str) -> int:
         where = "here, one process per node" if launcher == "local" else \
             f"on the Ray cluster at {args.ray_address}"
         shown.say(f"vime: job {folder.info['job_id']}: {spec.experiment.name}, "
-                  f"{plural(spec.cluster.nodes, 'node')} × "
-                  f"{plural(spec.cluster.gpus_per_node, 'GPU')}, {where}\n"
+                  f"{layout}, {where}\n"
                   f"  folder  {folder.path}\n"
                   f"  logs    {folder.path / 'logs'}/node-0.log (head and driver)\n"
                   f"  {start.describe(total)}")

@@ -98,12 +98,29 @@ def _name(folder: JobFolder) -> str:
     return shlex.quote(str(folder.path))
 
 
+def layout(folder: JobFolder) -> str:
+    """The job's nodes × GPUs, logical ones said so (vime/launch/local.py, layout_words)."""
+    import tomllib
+
+    info = folder.info
+    try:
+        resolved = tomllib.loads((folder.path / "resolved.toml").read_text())
+    except (OSError, ValueError):
+        resolved = {}
+    torch_pair = (resolved.get("train", {}).get("backend")
+                  == resolved.get("inference", {}).get("backend") == "torch")
+    address = (folder.path / "ray_address").read_text().strip() \
+        if (folder.path / "ray_address").is_file() else ""
+    here = info["launcher"] == "local" or (info["launcher"] == "ray-address" and bool(address)
+                                           and local_launcher.on_this_machine(address))
+    return local_launcher.layout_words(info["nodes"], info["gpus_per_node"], torch_pair, here)
+
+
 def status_text(folder: JobFolder) -> str:
     info = folder.info
     state, _, detail = live_state(folder)
     lines = [f"job {info['job_id']}  {state}  ({detail})",
-             f"  experiment {info['experiment']}: {plural(info['nodes'], 'node')} × "
-             f"{plural(info['gpus_per_node'], 'GPU')}, spec {info['spec']} "
+             f"  experiment {info['experiment']}: {layout(folder)}, spec {info['spec']} "
              f"(sha256 {info['spec_sha256'][:16]})",
              f"  folder     {folder.path}"]
     head = folder.read_json("ray/head.json")
@@ -201,8 +218,8 @@ def watch(folder: JobFolder, quiet: bool = False, out=sys.stdout) -> int:
     total = tomllib.loads((folder.path / "resolved.toml").read_text())["rollout"]["num_rollout"]
     shown = progress.Progress(folder.path, total, out=out, quiet=quiet)
     state, finished, detail = live_state(folder)
-    shown.say(f"vime: job {job_id}: {info['experiment']}, {plural(info['nodes'], 'node')} × "
-              f"{plural(info['gpus_per_node'], 'GPU')}, {WHERE.get(info['launcher'], '')} "
+    shown.say(f"vime: job {job_id}: {info['experiment']}, {layout(folder)}, "
+              f"{WHERE.get(info['launcher'], '')} "
               f"({state}; {detail})\n"
               f"  folder  {folder.path}\n"
               f"  logs    {folder.log(0)} (head and driver)")

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from vime.words import plural
+
 HEAD_GONE_GRACE_S = 30.0
 # A node given SIGTERM stops its actors and its Ray (runtime/node/job.py); past this the rest
 # is killed, so that the whole job is gone within 10 s of Ctrl-C or `vime cancel`.
@@ -242,6 +244,50 @@ def run_attached(job_dir: Path, address: str, env: dict[str, str], on_poll=lambd
     process = _spawn(argv, job_dir / "logs" / "node-0.log", dict(os.environ, **env))
     _record(job_dir, [process])
     return _finish(job_dir, *_wait(job_dir, [process], on_poll))
+
+
+# ------------------------------------------------------------------------ what it runs on
+
+# one folder per GPU the NVIDIA driver has found: read without importing torch
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+def layout_words(nodes: int, gpus_per_node: int, torch_pair: bool, here: bool,
+                 nvidia_gpus: Path = NVIDIA_GPUS) -> str:
+    """"2 nodes × 4 GPUs". A job of the torch pair (train.backend = inference.backend =
+    "torch") run on this machine (`here`: --local, or a Ray cluster at one of its addresses)
+    where the NVIDIA driver shows no GPU gets Ray's logical GPUs, and torch computes on the
+    CPU (runtime/backends/torch_model.py): said so."""
+    nodes_words = plural(nodes, "node")
+    if torch_pair and here and not _has_entries(nvidia_gpus):
+        return (f"{nodes_words} × {plural(gpus_per_node, 'logical GPU')} "
+                "(none here: torch runs on the CPU)")
+    return f"{nodes_words} × {plural(gpus_per_node, 'GPU')}"
+
+
+def _has_entries(folder: Path) -> bool:
+    try:
+        return any(folder.iterdir())
+    except OSError:
+        return False
+
+
+def on_this_machine(address: str) -> bool:
+    """Whether a --ray-address names this machine: "auto" (the cluster `ray start` left an
+    address of on this machine), or a host this machine can bind to (a local address)."""
+    import socket
+
+    if address == "auto":
+        return True
+    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+    try:
+        for family, kind, proto, _, where in socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((where[0], 0))
+            return True
+    except OSError:
+        return False
+    return False
 
 
 # ---------------------------------------------------------------------------- preflight
