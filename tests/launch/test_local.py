@@ -19,6 +19,7 @@ def _folder_of(done, experiment_dir):
     return folders[0]
 
 
+@pytest.mark.slow
 def test_local_two_nodes_boot_ray_and_run_the_driver(tmp_path):
     done = vime("submit", str(SMOKE), "--local", *spec_sets(tmp_path, **{
         "cluster.env": '{VIME_TEST_ENV = "a;b"}'}), env={"VIME_DRIVER": f"{DRIVERS}:check"})

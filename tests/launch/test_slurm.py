@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,11 +54,13 @@ def _comment(job_id: str) -> str:
                           capture_output=True, text=True).stdout.rstrip("\n")
 
 
-def test_two_nodes_boot_ray_and_hostile_strings_stay_data(tmp_path):
+def test_two_nodes_boot_ray_and_hostile_strings_stay_data(tmp_path, request):
     """The issue's first test, with quotes, $(), backticks, ; and newlines in the experiment
     folder, in [cluster.env] values and in sbatch extra args."""
-    trap = tmp_path / "trap"
-    trap.mkdir()
+    # a short trap folder: its path is in the experiment folder's name three times, and a
+    # name has at most 255 bytes wherever the test's own folder is (pytest-xdist's are longer)
+    trap = Path(tempfile.mkdtemp(prefix="vt", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(trap, ignore_errors=True))
     hostile = f"$(touch {trap}/1) `touch {trap}/2`; touch {trap}/3 'q' \"dq\" #h \\"
     # '/' would make folders; '\\' and '%' are refused (Slurm reads them in file names)
     output_dir = tmp_path / ("runs " + hostile.replace("/", "_").rstrip(" \\"))

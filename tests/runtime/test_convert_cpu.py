@@ -71,6 +71,7 @@ def test_hf_to_torch_dist_and_back_under_another_layout_is_bit_exact(tmp_path, c
     assert torch.equal(_logits(tmp_path / "dist_hf"), _logits(tmp_path / "hf"))
 
 
+@pytest.mark.slow
 def test_pipeline_stages_save_their_own_layers(tmp_path, capsys):
     """pp 2: each stage builds and writes its own layer (the embedding on the first, the head
     on the last), under the full model's layer numbers; read back under ep 2."""

@@ -71,6 +71,7 @@ def _rank_hosts(engine):
     return ray.get(engine.call.remote("rank_hosts"))
 
 
+@pytest.mark.slow
 def test_one_host_per_rank_on_its_bundle_and_calls_reach_every_rank(groups):
     import ray
 
@@ -106,6 +107,7 @@ def test_one_host_per_rank_on_its_bundle_and_calls_reach_every_rank(groups):
     assert rollout.resident_bytes() == awake
 
 
+@pytest.mark.slow
 def test_a_dead_rank_restarts_the_whole_engine_and_its_requests_are_retried(groups):
     import ray
 

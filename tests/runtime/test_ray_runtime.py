@@ -27,6 +27,7 @@ def _final_weights(config) -> dict:
     return torch.load(config.save_dir / latest / "train" / "model_optim.pt")["model"]
 
 
+@pytest.mark.slow
 def test_layouts_from_the_plan_and_two_ranks_take_the_step_one_rank_takes(tmp_path, ray_cluster):
     # colocated on one GPU: the rank and the engine share it
     plan, one = _drive(tmp_path / "one", "one", rollout__num_rollout="3")

@@ -43,6 +43,7 @@ def _supervised(config, group, train, rollout, lines, **options):
     return engines
 
 
+@pytest.mark.slow
 def test_an_engine_killed_mid_generation_is_replaced_and_its_requests_retried(groups):
     import ray
 
@@ -81,6 +82,7 @@ def test_an_engine_killed_mid_generation_is_replaced_and_its_requests_retried(gr
     assert [g.token_ids for g in again] == [g.token_ids for g in expected[:10]]
 
 
+@pytest.mark.slow
 def test_restarts_exhausted_stop_the_run_naming_the_engine_and_its_node(groups):
     import ray
 
@@ -98,6 +100,7 @@ def test_restarts_exhausted_stop_the_run_naming_the_engine_and_its_node(groups):
     assert "restarted 1 time(s) already (max_restarts = 1)" in message
 
 
+@pytest.mark.slow
 def test_a_hung_engine_is_found_by_the_ping_deadline(groups):
     import ray
 

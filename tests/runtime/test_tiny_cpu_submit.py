@@ -31,6 +31,7 @@ def _submit(output, *sets):
     return jobs[-1], done.stdout
 
 
+@pytest.mark.slow
 def test_tiny_cpu_learns_checkpoints_and_resumes(tmp_path):
     first, terminal = _submit(tmp_path)
     log = (first / "logs" / "node-0.log").read_text()
