@@ -481,7 +481,8 @@ def _attach(args) -> int:
     os.environ.update(launch["env"])
     attach_auth_mode(os.environ)
     _stop_on_signals()
-    outcome = {"attempt": 0, "state": "failed", "error": None}
+    # "started": the job's start record, where no ray/ready-*.json is written
+    outcome = {"attempt": 0, "state": "failed", "error": None, "started": time.time()}
     try:
         problem = check_cluster(args.address, launch["nodes"], launch["gpus_per_node"])
         if problem:

@@ -240,18 +240,13 @@ def watch(folder: JobFolder, quiet: bool = False, out=sys.stdout) -> int:
         print(f"vime: stopped following job {job_id}; the job goes on "
               f"(vime cancel {_name(folder)} stops it)", file=sys.stderr)
         return 130
-    # the summary's time runs from the job's start (its first attempt's), wherever it was joined
-    starts = [timing["job_start"] for ready in folder.path.glob("ray/ready-*.json")
-              if (timing := folder.read_json(f"ray/{ready.name}")) and "job_start" in timing]
-    if starts:
-        shown.started = min(starts)
     ended, how, error = _ending(folder, state)
     after = None
     if ended != "succeeded" and (how or ended in progress.STOPPED):
         after = resume.job_start_point(folder.path)
-    outcome = folder.read_json("outcome.json") or {}
+    # the summary's time is the job's own records' (progress.job_times), wherever it was joined
     print(shown.ending(job_id, ended, error, folder.log(0), after, how,
-                       until=outcome.get("finished"), resume_with=info.get("resume")),
+                       resume_with=info.get("resume")),
           file=out, flush=True)
     return 0 if ended == "succeeded" else 4
 

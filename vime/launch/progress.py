@@ -10,11 +10,13 @@ poll() between its checks of the job; nothing here touches the job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 BAR = 20
 ROLLOUT_LINE = re.compile(r"rollout +(\d+) \| ")
@@ -116,6 +118,33 @@ def next_submit(after, total: int, resume_with: str | None = None) -> str:
         if after.checkpoint else "starts fresh (no checkpoint yet)")
 
 
+class JobTimes(NamedTuple):
+    started: float | None  # the job's start record's time
+    finished: float | None  # its outcome record's
+
+
+def job_times(job_dir: Path) -> JobTimes:
+    """When the job started and ended, by its own records: the head node's start
+    (ray/ready-<attempt>.json "job_start", the first attempt's; outcome.json "started" for a
+    --ray-address job, which starts no Ray) and the driver's end (outcome.json "finished").
+    Every duration said of a job runs from one to the other."""
+    starts = []
+    for ready in Path(job_dir).glob("ray/ready-*.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            starts.append(float(json.loads(ready.read_text())["job_start"]))
+    try:
+        outcome = json.loads((Path(job_dir) / "outcome.json").read_text())
+    except (OSError, ValueError):
+        outcome = {}
+    if not isinstance(outcome, dict):
+        outcome = {}
+    if isinstance(outcome.get("started"), (int, float)):
+        starts.append(float(outcome["started"]))
+    finished = outcome.get("finished")
+    return JobTimes(min(starts) if starts else None,
+                    float(finished) if isinstance(finished, (int, float)) else None)
+
+
 # how a job that stopped before its end was stopped, in the outcome's words
 STOPPED = {"interrupted": "interrupted", "terminated": "terminated (SIGTERM)",
            "cancelled": "cancelled (vime cancel)"}
@@ -181,15 +210,18 @@ class Progress:
 
     def summary(self, until: float | None = None) -> str | None:
         """One line of what this job did: rollouts, reward from first to last, wall time
-        (from `started` until `until`, default now)."""
+        (job_times: from the job's start record to its outcome record; where one is missing,
+        from `started`, and until `until`, default now)."""
         # the final weights' evaluation (rollout = num_rollout) trained nothing
         trained = [r for r in self.records if r["rollout"] < self.total]
         if not trained:
             return None
         first, last = trained[0], trained[-1]
-        ended = time.time() if until is None else until
+        recorded = job_times(self.job_dir)
+        began = self.started if recorded.started is None else recorded.started
+        ended = recorded.finished or (time.time() if until is None else until)
         line = (f"rollouts {first['rollout']} to {last['rollout']} of {self.total} in "
-                f"{clock(ended - self.started)}")
+                f"{clock(ended - began)}")
         if first.get("reward/mean") is not None and last.get("reward/mean") is not None:
             line += f", reward {first['reward/mean']:.3f} -> {last['reward/mean']:.3f}"
         return line
