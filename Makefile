@@ -61,13 +61,14 @@ lint: $(VENV)/.installed
 
 # The two tiers (docs/install.md, "The test suite"). `make test` is the fast tier: every test
 # that carries none of the marks slow, network, slurm (pyproject.toml), on every core up to 4
-# (pytest-xdist; a test file stays on one worker, so its module fixtures are built once).
+# (pytest-xdist, `-n logical`; a test file stays on one worker, so its module fixtures are built
+# once; `make test JOBS=0` runs them in the one pytest process).
 # `make test-all` is everything: the fast tier's tests, the slow tier (the whole oracles, every
 # fuzz case, the RL runs, the pip resolutions, the real Slurm) and the live vLLM tests in their
 # own venv; CI runs it. Both print a line per test file as it starts, the count of tests done so
 # far, the reason of every skip and the 20 slowest tests. Targeted runs keep addopts' dots:
 # `.venv/bin/pytest tests/test_cli.py`, `.venv/bin/pytest -m "not slow" tests/runtime`.
-JOBS ?= auto
+JOBS ?= logical
 PYTEST_RUN := -n $(JOBS) --maxprocesses=4 --dist loadfile --verbosity=0 \
 	-o console_output_style=count -rs --durations=20
 FAST := -m "not slow and not network and not slurm"
