@@ -277,6 +277,8 @@ def cmd_submit(args) -> int:
             submit.DEFAULT_DRIVER
         said = files.at_submit(result.spec, launcher, default_driver)
         said += files.prompt_files_at_submit(result.spec, launcher, default_driver)  # V732
+        if not default_driver:  # another driver (VIME_DRIVER) may load neither of them
+            result.diagnostics = [d for d in result.diagnostics if d.code not in ("V730", "V732")]
         if launcher == "local":  # and the GPUs this machine's environment shows (V707)
             said += hidden_in_local_environment(result.spec, os.environ)
         result.diagnostics = finalize([*(d for d in result.diagnostics if not any(
