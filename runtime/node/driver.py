@@ -87,6 +87,23 @@ def reward_loader(config: JobConfig):
     return lambda name: rewards.load(name, spec_dir)
 
 
+def probe_rewards(config: JobConfig, reward_fn, load_reward, log=log) -> None:
+    """Load every [[eval.datasets]] reward and ask each reward server (rollout.reward's, the
+    eval datasets') for an answer once (runtime/rl/rewards.py, ServerCaller.probe), before
+    Ray and the models start.
+
+    Raises:
+        RewardError: a server refuses, cannot be reached or does not answer in time.
+        ValueError: an eval dataset's reward cannot be imported.
+    """
+    named = {config.reward: reward_fn}
+    for dataset in config.evaluation.datasets:
+        if dataset.reward not in named:
+            named[dataset.reward] = load_reward(dataset.reward)
+    for loaded in named.values():
+        rewards.caller(loaded, config.reward_timeout_s, log).probe()
+
+
 def rollout_function(config: JobConfig):
     """rollout.function's function, or None for single-turn generation.
 
@@ -152,8 +169,10 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     run the GRPO loop, then stop the actors and remove the placement group.
 
     Raises:
+        RewardError: a reward server does not answer its probe (probe_rewards), before Ray.
         RuntimeError: RAY_ADDRESS is not set (the driver runs inside a job).
-        FileNotFoundError, ValueError: as job_loop, for the tokenizer and rollout.function.
+        FileNotFoundError, ValueError: as job_loop, for the tokenizer and rollout.function;
+            a reward that cannot be imported.
         And whatever GRPOLoop.run raises; the actors are stopped first.
     """
     from runtime.node import placement
@@ -168,6 +187,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
         backends.reference(kind, name)  # an unknown backend fails here, before any model loads
     load_reward = reward_loader(config)
     reward_fn = load_reward(config.reward)
+    probe_rewards(config, reward_fn, load_reward)  # a dead server stops the job before Ray
     rollout_fn = rollout_function(config)
     tokenizer = load_tokenizer(config)
     prompts, dropped = read_prompts(config.data, tokenizer)
