@@ -1,9 +1,9 @@
 """Are the paths a job's nodes need on a file system they all mount?
 
 `vime submit` (vime/cli.py, `with_unshared`; not for `--local`) asks this once the spec
-compiles, and warns with V701 about a path of a job of several nodes on a file system local
-to this machine. What is
-judged, and why a warning and not an error: docs/design.md, "Paths the nodes share".
+compiles, and warns with V701 about a path of a job of several nodes, or the interpreter of
+any Slurm job, on a file system local to this machine. What is judged, and why a warning and
+not an error: docs/design.md, "Paths the nodes share".
 """
 
 from __future__ import annotations
@@ -72,11 +72,13 @@ def _why_local(path: str, table: list[tuple[str, str]], made: bool = False) -> s
 def unshared(spec, python: str | None, reported: list[Diagnostic],
              table: list[tuple[str, str]] | None = None) -> list[Diagnostic]:
     """V701 warnings for a submitted job's spec (its paths absolute) and interpreter (None: a
-    job on a running Ray cluster, whose nodes run their own)."""
+    job on a running Ray cluster, whose nodes run their own). The paths are judged for a job
+    of several nodes; the interpreter for any Slurm job, which runs on machines Slurm picks."""
+    table = mounts() if table is None else table
+    found = _unshared_python(spec, python, table)
     nodes = spec.cluster.nodes
     if nodes <= 1:
-        return []
-    table = mounts() if table is None else table
+        return found
     said = {d.key for d in reported if d.code == "V701"}
     model, made = spec.model, spec.experiment.output_dir
     candidates = [("experiment.output_dir", made, _existing(made))]
@@ -86,7 +88,6 @@ def unshared(spec, python: str | None, reported: list[Diagnostic],
         ("data.prompt_data", spec.data.prompt_data), ("model.hf_checkpoint", model.hf_checkpoint),
         ("model.torch_dist_checkpoint", model.torch_dist_checkpoint))
         if value and os.path.isabs(value) and os.path.exists(value)]
-    found = []
     for key, value, here in candidates:
         why = here and key not in said and _why_local(here, table, made=here != value)
         if why:
@@ -96,15 +97,28 @@ def unshared(spec, python: str | None, reported: list[Diagnostic],
                 spec.origin(key).location,
                 help="a path on a file system every node mounts (NFS, Lustre, GPFS); if the "
                 "nodes mount this folder from this machine, this does not apply"))
-    why = python and _why_local(os.path.dirname(os.path.abspath(python)), table)
-    if why:
-        found.append(Diagnostic(
-            "warning", "V701", ("cluster", "nodes"),
-            f"the job's Python {python} (job.sbatch runs it on every node) {why}, but the job "
-            f"has {nodes} nodes", spec.origin("cluster.nodes").location,
-            help="run vime from a virtual environment on a file system every node mounts, or "
-            "make the same environment at the same path on every node"))
     return found
+
+
+def _unshared_python(spec, python: str | None,
+                     table: list[tuple[str, str]]) -> list[Diagnostic]:
+    """V701 for the interpreter job.sbatch runs by its absolute path (vime/emit/sbatch.py)
+    when it is on a file system of this machine only."""
+    why = python and _why_local(os.path.dirname(os.path.abspath(python)), table)
+    if not why:
+        return []
+    nodes = spec.cluster.nodes
+    message = (f"the job's Python {python} (job.sbatch runs it on every node) {why}, but the "
+               f"job has {nodes} nodes" if nodes > 1 else
+               f"the job's Python {python} (job.sbatch runs it on the job's node) {why}, and "
+               "Slurm may run the job on another machine, which then finds no Python there")
+    return [Diagnostic(
+        "warning", "V701", ("cluster", "nodes"), message, spec.origin("cluster.nodes").location,
+        help="run vime from a virtual environment on a file system every node mounts (NFS, "
+        "Lustre, GPFS), or make the same environment at the same path on every node; no spec "
+        "key names another interpreter (job.sbatch runs the one `vime submit` runs in). If "
+        "the nodes mount this folder from this machine, or are this machine, this does not "
+        "apply")]
 
 
 def with_unshared(result, source_name: str, python: str | None,
