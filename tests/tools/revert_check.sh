@@ -17,6 +17,10 @@ for commit in "$@"; do
       ':(exclude)benchmarks' ':(exclude)*.md' > "$scratch/fix.diff"
   mapfile -t tests < <(git -C "$root" show --format= --name-only "$commit" -- 'tests/**/test_*.py' 'tests/test_*.py' |
                        while read -r f; do [ -f "$scratch/tree/$f" ] && echo "$f"; done)
+  # a fix whose test is a golden file is caught by the golden test
+  if git -C "$root" show --format= --name-only "$commit" | grep -q '^tests/golden/'; then
+    tests+=(tests/test_golden.py)
+  fi
   title=$(git -C "$root" log -1 --format=%s "$commit" | cut -c1-80)
   if [ ! -s "$scratch/fix.diff" ] || [ ${#tests[@]} -eq 0 ]; then
     echo "$commit  skipped (no fix outside tests, or no test file left)  $title"; continue
