@@ -216,6 +216,9 @@ def load(name: str, spec_dir: str | None = None) -> RewardFn:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise ValueError(f"rollout.reward = {name!r}: cannot import {module_name}: {err}") from err
+    except SyntaxError as err:  # the module's own line, not a traceback through importlib
+        raise ValueError(f"rollout.reward = {name!r}: {module_name} does not compile: "
+                         f"{err.msg} ({err.filename}:{err.lineno})") from err
     try:
         return getattr(module, function)
     except AttributeError:

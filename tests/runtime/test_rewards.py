@@ -62,6 +62,13 @@ def test_load_builtin_and_custom_rewards():
             rewards.load(bad)
 
 
+def test_a_reward_module_that_does_not_compile_is_named_with_its_line(tmp_path):
+    (tmp_path / "broken_reward_mod.py").write_text("def reward(**kw):\n    return (\n")
+    with pytest.raises(ValueError, match=r"broken_reward_mod does not compile: .*"
+                                         r"broken_reward_mod\.py:\d"):
+        rewards.load("broken_reward_mod:reward", str(tmp_path))
+
+
 def test_score_takes_floats_and_dicts():
     assert rewards.score(0.5) == (0.5, {})
     assert rewards.score({"score": -1.0, "acc": False, "pred": "7"}) == (-1.0, {"acc": 0.0})
