@@ -66,9 +66,10 @@ def single_rank_parallel_state():
 
     warnings.simplefilter("ignore")
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(free_port())
-        torch.distributed.init_process_group("gloo", world_size=1, rank=0)
+        # an in-memory store: no port, and no MASTER_PORT left in this process's environment
+        # for the commands a later test starts to inherit
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(),
+                                             world_size=1, rank=0)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     return parallel_state

@@ -37,13 +37,16 @@ def _init(layout: dict[str, int]) -> None:
     from megatron.core import parallel_state
 
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29531")
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun's ranks
+            torch.distributed.init_process_group(backend)
+        else:
+            # one process alone: an in-memory store, no port (a MASTER_PORT inherited from
+            # the caller's environment may be a port some other process listens on)
+            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(),
+                                                 rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=layout["tp"],

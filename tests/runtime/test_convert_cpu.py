@@ -9,6 +9,10 @@ in docs/gpu-runs.md.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -86,3 +90,20 @@ def test_pipeline_stages_save_their_own_layers(tmp_path, capsys):
     after = load_file(tmp_path / "dist_hf" / "model.safetensors")
     assert sorted(after) == sorted(before)
     assert [name for name in before if not torch.equal(before[name], after[name])] == []
+
+
+def test_one_process_takes_no_port_and_ignores_an_inherited_master_port():
+    # `vime convert` with a layout of one rank runs in one process: a MASTER_PORT in the
+    # caller's environment (a Slurm job's, a test process's own gloo store) names a port that
+    # something else may listen on, and the conversion must not try to take it
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(busy.getsockname()[1]))
+        done = subprocess.run(
+            [sys.executable, "-c", "import torch; from runtime.megatron.convert import _init; "
+             "_init(dict(tp=1, pp=1, ep=1, etp=1)); print(torch.distributed.get_world_size())"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "1"
