@@ -76,8 +76,10 @@ def rollout(engine, tools_job, models, seeds):  # noqa: F811
     tokenizer = transformers.AutoTokenizer.from_pretrained(models["first"])
     params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_new_tokens=6,
                             stop_token_ids=())
+    # as the loop builds it: ids up to the model's vocabulary (64 rows; the tokenizer has 32)
     custom = CustomRollout(two_turns, engine.generate, tokenizer, params, max_turns=2,
-                           max_total_tokens=tools_job.sample_tokens, timeout_s=60.0)
+                           max_total_tokens=tools_job.sample_tokens, timeout_s=60.0,
+                           vocab_size=tools_job.model.arch.get("vocab_size"))
     prompts = [Prompt(0, "", (2, 5, 7, 9), "7"), Prompt(1, "", (2, 11, 3), "3")]
     return prompts, custom.run(prompts, seeds, lambda i: f"sample {i}")
 
