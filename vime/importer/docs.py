@@ -56,8 +56,11 @@ def markdown() -> str:
         "```",
         "",
         "The script is read, never run: assignments, arrays and `+=`, `source` of a models "
-        "file beside the script, `${VAR:-default}`, `export`, `if [[ ... ]]` on known values, "
-        "`$(seq a b c)`, `$((...))` and line continuations. Anything else is reported with its "
+        "file beside the script (`VAR=value source FILE` too), `${VAR:-default}`, "
+        "`${A[@]+\"${A[@]}\"}`, `export`, `if [[ ... ]]` on known values, `$(seq a b c)`, "
+        "`$(cd -- DIR && pwd)`, `$(dirname -- PATH)`, `$((...))`, `read` of a here-string of "
+        "known text (`IFS=, read -r -a A <<< \"$LIST\"`) and line continuations; "
+        "`\"${DIR}/train.py\"` is train.py whatever DIR is. Anything else is reported with its "
         "line (V960, V961) and what it would set is unknown, never guessed; `--env NAME=VALUE` "
         "sets what the script reads from its environment. The flags after `train.py` on the "
         "command that runs it are mapped below; each key of the written spec has a comment "

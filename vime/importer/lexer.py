@@ -139,7 +139,7 @@ def _dquote_parts(src: str, start: int, end: int) -> list[Part]:
     return parts
 
 
-OPERATORS = ("&&", "||", ";;", ">>", "&>", "<<", ";", "&", "|", "(", ")", "<", ">")
+OPERATORS = ("&&", "||", ";;", ">>", "&>", "<<<", "<<", ";", "&", "|", "(", ")", "<", ">")
 
 
 def lex(src: str) -> list[Tok]:

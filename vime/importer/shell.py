@@ -1,9 +1,11 @@
 """A reader of the bash subset that launch scripts use; it never executes anything.
 
 It follows assignments (scalars, arrays, `+=`), `export`, `source`/`.` of a file next to the
-script, `${VAR:-default}` and friends, `$VAR`, `if`/`elif`/`else` on `[[ ]]`, `[ ]` and `(( ))`
-tests of known values, `$(seq a b c)`, `$((...))` on known values, line continuations and
-comments inside arrays. Every other construct is a Note with its line, and a value that
+script (with `VAR=value` before it), `${VAR:-default}` and friends, `${A[@]+"${A[@]}"}`, `$VAR`,
+`if`/`elif`/`else` on `[[ ]]`, `[ ]` and `(( ))` tests of known values, `$(seq a b c)`,
+`$(cd -- DIR && pwd)`, `$(dirname -- PATH)`, `$((...))` on known values, `read` of a
+here-string (`IFS=, read -r -a A <<< "$LIST"`), line continuations and comments inside
+arrays. Every other construct is a Note with its line, and a value that
 depends on one is Unknown (never a guess). The words after `train.py` on the last command that
 runs it are the flags the importer maps (`Reading.argv`).
 """
@@ -14,6 +16,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from vime.importer.lexer import (
     ASSIGN,
@@ -29,6 +32,11 @@ from vime.importer.lexer import (
 # the script's own folder: SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" ... && pwd)"
 SCRIPT_DIR_IDIOM = re.compile(r"^\s*cd\s+(--\s+)?\"?\$\(\s*dirname\s+(--\s+)?\"?\$\{?BASH_SOURCE(\[0\])?\}?\"?\s*\)\"?"
                               r"[^;|]*&&\s*pwd(\s+-P)?\s*$")
+# $(cd -- DIR &>/dev/null && pwd) and $(dirname -- PATH): known from the text when DIR is an
+# absolute path of known text (`cd` of a relative one depends on the working folder)
+CD_PWD = re.compile(r"\s*cd\s+(?:--\s+)?(?P<folder>.+?)\s*(?:(?:&|[12])?>>?\s*/dev/null\s*)*"
+                    r"&&\s*pwd(?:\s+-[LP])?\s*", re.S)
+DIRNAME = re.compile(r"\s*dirname\s+(?:--\s+)?(?P<path>.+?)\s*", re.S)
 TRAIN_ENTRY = re.compile(r"(^|/)train(_async)?\.py$")
 MAX_SOURCE_DEPTH = 4
 MAX_SOURCED_READS = 100  # files read by `source` in all (a launch script sources one or two)
@@ -63,6 +71,10 @@ class Located(str):
         made = super().__new__(cls, text)
         made.file, made.line = file, line
         return made
+
+
+class Fields(list):
+    """Words an expansion made already (a default or alternative word): not split again."""
 
 
 def _join(pieces: list[str]) -> str:
@@ -109,6 +121,7 @@ class Note:
 class Reading:
     argv: list[Word] | None = None  # the flags after train.py; None: no train.py command
     entry_line: tuple[str, int] | None = None
+    entry: str = ""  # train.py or train_async.py
     notes: list[Note] = field(default_factory=list)
     sourced: list[str] = field(default_factory=list)
 
@@ -152,7 +165,11 @@ class Reader:
         return self.env.scalars.get(name)
 
     def expand_var(self, expr: str, line: int, quoted: bool) -> list[str | Unknown] | str | Unknown:
-        """A ${...} expression: a string, Unknown, or a list (an array's elements)."""
+        """A ${...} expression: a string, Unknown, or a list (an array's elements; Fields:
+        words already split, as a default or alternative word expands to)."""
+        array_op = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[[@*]\](:?[-+])(.*)", expr, re.S)
+        if array_op:
+            return self.array_alternative(*array_op.groups(), line)
         array = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]", expr)
         if array:
             name = array.group(1)
@@ -168,11 +185,13 @@ class Reader:
         length = re.fullmatch(r"#([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?", expr)
         if length:
             name = length.group(1)
-            if length.group(2) or name in self.env.arrays:
-                return str(len(self.env.arrays.get(name, [])))
+            if name in self.env.arrays:
+                return str(len(self.env.arrays[name]))
             value = self.env.scalars.get(name)
             if isinstance(value, Unknown):
                 return value
+            if length.group(2):  # a scalar is an array of one element
+                return "0" if value is None else "1"
             return str(len(value or ""))
         match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=+?])(.*))?", expr, re.S)
         if not match:
@@ -200,6 +219,31 @@ class Reader:
                 self.env.scalars[name] = default
             return default
         return value
+
+    def array_alternative(self, name: str, op: str, word: str, line: int) -> list | Unknown:
+        """${A[@]+WORD} and ${A[@]-WORD} (with or without ':'): WORD's fields when A has
+        elements (+) or has none (-), else A's elements. bash counts an array without elements
+        as unset here, which is what `${A[@]+"${A[@]}"}` relies on under `set -u`."""
+        items = self.env.arrays.get(name)
+        if items is None:
+            scalar = self.env.scalars.get(name)
+            items = [] if scalar is None else [scalar]
+        unknown = next((v for v in items if isinstance(v, Unknown)), None)
+        if unknown is not None:
+            return unknown
+        has_elements = bool(items) and not (op.startswith(":") and "".join(items) == "")
+        if op.endswith("+"):
+            return self.expand_fields(word, line) if has_elements else Fields()
+        return list(items) if has_elements else self.expand_fields(word, line)
+
+    def expand_fields(self, text: str, line: int) -> Fields:
+        """A fragment of shell text as the words bash makes of it (an array's elements stay
+        one word each)."""
+        try:
+            toks = [t for t in lex(text) if t.kind == "word"]
+        except ShellSyntaxError as err:
+            return Fields([Unknown(f"line {line}: {err}")])
+        return Fields(f for tok in toks for f in self.expand_word(tok, line))
 
     def expand_text(self, text: str, line: int) -> str | Unknown:
         """A fragment of shell text (a default value) as one string."""
@@ -234,9 +278,36 @@ class Reader:
                 return self.command_subst("seq " + value, line)
         if SCRIPT_DIR_IDIOM.match(command):
             return str(self.script_dir)
+        path_of = CD_PWD.fullmatch(command) or DIRNAME.fullmatch(command)
+        if path_of:
+            return self.path_command(path_of, command, line)
         shown = " ".join(command.split())
         shown = shown if len(shown) <= 48 else shown[:47] + "…"
         return Unknown(f"$({shown}) (line {line}) runs a command, which the reader does not do")
+
+    def path_command(self, match: re.Match, command: str, line: int) -> str | Unknown:
+        """`cd -- DIR && pwd` and `dirname -- PATH` of one known word: the folder, computed
+        from the text alone (no file system is asked)."""
+        shown = " ".join(command.split())[:48]
+        text = match.groupdict().get("folder") or match.group("path")
+        try:
+            words = [t for t in lex(text) if t.kind == "word"]
+        except ShellSyntaxError as err:
+            return Unknown(f"$({shown}) (line {line}): {err}")
+        if len(words) != 1:
+            return Unknown(f"$({shown}) (line {line}) runs a command, which the reader does not do")
+        value = self.scalar(words[0], line)
+        if isinstance(value, Unknown):
+            return value
+        if "folder" in match.groupdict():
+            if not value.startswith("/"):
+                return Unknown(f"$({shown}) (line {line}): cd to {value!r} is relative to a "
+                               "working folder the reader does not know")
+            return os.path.normpath(value)
+        trimmed = value.rstrip("/")
+        if not trimmed:
+            return "/" if value else "."
+        return os.path.dirname(trimmed) or "."
 
     def arith(self, expr: str, line: int) -> str | Unknown:
         try:
@@ -280,12 +351,17 @@ class Reader:
         fields: list[str | Unknown] = []
         current: list[str] = []
         started = False  # the current field exists (quotes make an empty field)
+        # "${A[@]}" of an array without elements is no field, so the empty quoted text that
+        # closes its quotes makes none either
+        no_elements = False
         unknown: Unknown | None = None
         for part in tok.parts:
             if part.kind == "lit":
                 current.append(part.text)
-                started = started or part.quoted or part.text != ""
+                started = started or (part.quoted and not no_elements) or part.text != ""
+                no_elements = False
                 continue
+            no_elements = False
             if part.kind == "var":
                 value = self.expand_var(part.text, line, part.quoted)
             elif part.kind == "cmd":
@@ -296,9 +372,13 @@ class Reader:
                 unknown = unknown or value
                 continue
             if isinstance(value, list):  # an array's elements, one field each
+                if not value and part.quoted and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\[@\]",
+                                                              part.text):
+                    no_elements = True
                 items: list[str | Unknown] = []
                 for v in value:
-                    if isinstance(v, Unknown) or part.quoted or (v and v.split() == [v]):
+                    if isinstance(v, Unknown) or part.quoted or isinstance(value, Fields) or \
+                            (v and v.split() == [v]):
                         items.append(v)
                     else:
                         items.extend(v.split())
@@ -461,7 +541,7 @@ class Reader:
             for name, op, value_tok in assigns:
                 self.assign(name, op, value_tok, line)
             return
-        command = words[k].literal()
+        command = words[k].literal() or ""
         rest = words[k + 1:]
         if command in ("export", "declare", "typeset", "local", "readonly"):
             for tok in rest:
@@ -475,7 +555,24 @@ class Reader:
                     self.note("V960", line, f"{command} {tok.raw} is not followed")
             return
         if command in ("source", "."):
-            self.source(rest, line)
+            # VAR=value source FILE: the assignments hold while FILE is read, then end
+            saved = {name: (self.env.scalars.get(name), self.env.arrays.get(name))
+                     for name, _op, _value in assigns}
+            for name, op, value_tok in assigns:
+                self.assign(name, op, value_tok, line)
+            try:
+                self.source(rest, line)
+            finally:
+                for name, (scalar, array) in saved.items():
+                    self.env.scalars.pop(name, None)
+                    self.env.arrays.pop(name, None)
+                    if scalar is not None:
+                        self.env.scalars[name] = scalar
+                    if array is not None:
+                        self.env.arrays[name] = array
+            return
+        if command == "read":
+            self.read_builtin(rest, assigns, line)
             return
         if command == "unset":
             for tok in rest:
@@ -490,20 +587,77 @@ class Reader:
         if command == "eval":
             self.note("V960", line, "eval is not followed")
             return
-        if command in ("printf", "read", "mapfile", "readarray"):
+        if command in ("printf", "mapfile", "readarray"):
             self.forget_assigned(words[k:])
         shown = " ".join(t.raw for t in words[k:] if t.kind == "word")
         self.note("V961", line, f"not run: {shown[:100]}")
 
+    def read_builtin(self, rest: list[Tok], prefix: list[tuple[str, str, Tok]], line: int) -> None:
+        """read [-r] [-a NAME | NAME...] <<< WORD: the fields of WORD's first line split on
+        IFS (an IFS= before read, else the script's). From any other input (a pipe, a file,
+        `< <(cmd)`) or a WORD the reader cannot know, the variables are unknown, said at the
+        line: never silently empty."""
+        parsed = _parse_read(rest)
+        text: str | Unknown = Unknown("it reads a pipe, a file or an option the reader does "
+                                      "not follow (only `<<< WORD` is read)")
+        ifs: str | Unknown = self.env.scalars.get("IFS", " \t\n")
+        if parsed.plain and parsed.here is not None:
+            text = self.scalar(parsed.here, line)
+            for name, _op, value_tok in prefix:
+                if name == "IFS":
+                    ifs = self.scalar(value_tok, line)
+        unknown = text if isinstance(text, Unknown) else ifs if isinstance(ifs, Unknown) else None
+        if unknown is not None:
+            for name in parsed.targets:
+                self.env.arrays.pop(name, None)
+                self.env.scalars[name] = Unknown(f"{name} is set by `read` on line {line} from "
+                                                 f"input the reader cannot know ({unknown.why});"
+                                                 f" pass --env {name}=VALUE")
+            self.note("V960", line, f"read sets {', '.join(parsed.targets) or 'nothing'} from "
+                      f"input the reader cannot know ({unknown.why}): unknown")
+            return
+        first_line = text.split("\n", 1)[0]
+        spans = _split_on_ifs(first_line, ifs)
+        fields = [first_line[start:stop] for start, stop in spans]
+        if parsed.array:
+            name = parsed.targets[0]
+            self.env.scalars.pop(name, None)
+            self.env.arrays[name] = self.bounded(name, [Located(f, self.file, line)
+                                                        for f in fields], line)
+            return
+        whitespace = "".join(c for c in ifs if c in " \t\n")
+        for index, name in enumerate(parsed.targets):
+            if index == len(parsed.targets) - 1 and index < len(spans):
+                value = first_line[spans[index][0]:].rstrip(whitespace)  # the rest of the line
+            else:
+                value = fields[index] if index < len(fields) else ""
+            self.env.arrays.pop(name, None)
+            self.env.scalars[name] = value
+
+    def _entry_name(self, tok: Tok) -> str | None:
+        """train.py or train_async.py when the word runs it: from its text, or, where a
+        variable names the folder (`"${REPO_ROOT}/train.py"`), from the literal text after
+        the last expansion."""
+        if tok.kind != "word":
+            return None
+        text = tok.literal()
+        if text is None:
+            fields = self.expand_word(tok, tok.line)
+            text = fields[0] if len(fields) == 1 and isinstance(fields[0], str) else None
+        if text is None:
+            suffix = ""
+            for part in reversed(tok.parts):
+                if part.kind != "lit":
+                    break
+                suffix = part.text + suffix
+            text = suffix if "/" in suffix else None
+        if text and TRAIN_ENTRY.search(text):
+            return os.path.basename(text)
+        return None
+
     def _train_entry(self, toks: list[Tok]) -> int | None:
         for k, tok in enumerate(toks):
-            if tok.kind != "word":
-                continue
-            text = tok.literal()
-            if text is None:
-                fields = self.expand_word(tok, tok.line)
-                text = fields[0] if len(fields) == 1 and isinstance(fields[0], str) else None
-            if text and TRAIN_ENTRY.search(text):
+            if self._entry_name(tok) is not None:
                 return k
         return None
 
@@ -521,6 +675,7 @@ class Reader:
             self.note("V960", line, "a second train.py command: its flags replace the first's")
         self.reading.argv = argv
         self.reading.entry_line = (self.file, line)
+        self.reading.entry = self._entry_name(toks[entry]) or "train.py"
 
     def _assign(self, tok: Tok) -> tuple[str, str, Tok] | None:
         if not tok.parts or tok.parts[0].kind != "lit" or tok.parts[0].quoted:
@@ -745,23 +900,28 @@ class Reader:
     def forget_assigned(self, toks: list[Tok]) -> None:
         """Every variable a skipped piece of script may set becomes Unknown."""
         for k, tok in enumerate(toks):
-            name = None
+            names: tuple[str | None, ...] = ()
             if tok.kind == "arr":
-                name = ASSIGN.fullmatch(tok.text).group(1)
+                names = (ASSIGN.fullmatch(tok.text).group(1),)
             elif tok.kind == "word":
                 match = self._assign(tok)
                 if match:
-                    name = match[0]
+                    names = (match[0],)
                 elif tok.literal() == "-v" and k and toks[k - 1].literal() == "printf" and \
                         k + 1 < len(toks):
-                    name = toks[k + 1].literal()
-                elif tok.literal() in ("read",) and k + 1 < len(toks):
-                    name = toks[-1].literal()
-            if name and NAME.fullmatch(name):
-                why = Unknown(f"{name} is set on line {tok.line} by script the reader does not "
-                              f"follow; pass --env {name}=VALUE")
-                self.env.arrays.pop(name, None)
-                self.env.scalars[name] = why
+                    names = (toks[k + 1].literal(),)
+                elif tok.literal() in ("read", "mapfile", "readarray"):
+                    stop = next((j for j in range(k + 1, len(toks)) if toks[j].kind == "nl" or
+                                 (toks[j].kind == "op" and toks[j].text in
+                                  (";", "&", "&&", "||", "|", ";;"))), len(toks))
+                    names = _parse_read(toks[k + 1:stop]).targets if tok.literal() == "read" \
+                        else (_mapfile_target(toks[k + 1:stop]),)
+            for name in names:
+                if name and NAME.fullmatch(name):
+                    why = Unknown(f"{name} is set on line {tok.line} by script the reader does "
+                                  f"not follow; pass --env {name}=VALUE")
+                    self.env.arrays.pop(name, None)
+                    self.env.scalars[name] = why
 
     # -- tests
     def condition(self, toks: list[Tok]) -> bool | Unknown:
@@ -868,6 +1028,101 @@ class Reader:
                         "-lt": a < b, "-le": a <= b}[op]
         shown = " ".join(str(v) for v in values)
         return Unknown(f"the test `{shown[:60]}` (line {line}) is not one the reader follows")
+
+
+class ReadCommand(NamedTuple):
+    targets: tuple[str, ...]  # the variables `read` sets
+    array: bool  # -a: one array of the fields
+    here: Tok | None  # the word after <<<
+    plain: bool  # no input but a here-string, no option but -r -s -e -a -p -t
+
+
+def _parse_read(toks: list[Tok]) -> ReadCommand:
+    """The words after `read`: its options, the variables it sets and its here-string."""
+    names: list[str] = []
+    array_name: str | None = None
+    here: Tok | None = None
+    plain = True
+    k = 0
+    while k < len(toks):
+        tok = toks[k]
+        k += 1
+        if tok.kind == "op":
+            if tok.text == "<<<" and here is None and k < len(toks) and toks[k].kind == "word":
+                here = toks[k]
+                k += 1
+            else:
+                plain = False  # < FILE, < <(cmd), <<EOF, >: input the reader does not see
+            continue
+        text = tok.literal()
+        if tok.kind != "word" or text is None or tok.redirects:
+            plain = False
+            continue
+        if text.startswith("-") and len(text) > 1 and text != "--" and not names:
+            for at, letter in enumerate(text[1:], start=1):
+                if letter in "adinNptu":  # the options that take a value
+                    value = text[at + 1:]
+                    if not value and k < len(toks):
+                        value = toks[k].literal() or ""
+                        k += 1
+                    if letter == "a":
+                        array_name = value
+                    elif letter not in "pt":
+                        plain = False  # a delimiter, a count or a file descriptor
+                    break
+                if letter not in "rse":
+                    plain = False
+            continue
+        if text != "--":
+            names.append(text)
+    targets = (array_name,) if array_name is not None else tuple(names) or ("REPLY",)
+    targets = tuple(name for name in targets if NAME.fullmatch(name))
+    return ReadCommand(targets, array_name is not None and bool(targets), here, plain)
+
+
+def _mapfile_target(toks: list[Tok]) -> str:
+    """The array `mapfile`/`readarray` fills: the first word after its options."""
+    k = 0
+    while k < len(toks) and toks[k].kind == "word":
+        text = toks[k].literal() or ""
+        k += 1
+        if text.startswith("-") and len(text) > 1:
+            if text[-1] in "dnOsuCc" and len(text) == 2:  # an option whose value follows
+                k += 1
+            continue
+        return text
+    return "MAPFILE"
+
+
+def _split_on_ifs(text: str, ifs: str) -> list[tuple[int, int]]:
+    """Where bash's `read` finds fields in a line: IFS whitespace at either end is dropped,
+    a run of it separates; each other IFS character ends a field (so "a,,b" has an empty
+    second field, and a trailing one makes no field)."""
+    whitespace = "".join(c for c in ifs if c in " \t\n")
+    start, stop = 0, len(text)
+    while start < stop and text[start] in whitespace:
+        start += 1
+    while stop > start and text[stop - 1] in whitespace:
+        stop -= 1
+    spans: list[tuple[int, int]] = []
+    field_start, i = start, start
+    while i < stop:
+        c = text[i]
+        if c not in ifs:
+            i += 1
+            continue
+        spans.append((field_start, i))
+        j = i + 1
+        while j < stop and text[j] in whitespace:
+            j += 1
+        if c in whitespace and j < stop and text[j] in ifs:  # blanks around one delimiter
+            j += 1
+            while j < stop and text[j] in whitespace:
+                j += 1
+        field_start = i = j
+    if field_start < stop:
+        spans.append((field_start, stop))
+    return spans
 
 
 def _identity(path: Path) -> Path:
