@@ -49,6 +49,13 @@ def import_script(path: Path, text: str, environ: dict[str, str]) -> ImportResul
         findings.append(Finding("V973", "error", f"{path} runs no train.py", str(path), 1,
                                 "import the flags with --argv"))
         return ImportResult({}, {}, findings, str(path), reading.sourced)
+    if reading.entry == "train_async.py" and reading.entry_line is not None:
+        file, line = reading.entry_line
+        findings.append(Finding(
+            "V964", "warning", "train_async.py: not yet in vime (planned: asynchronous "
+            "training); the spec runs train.py's synchronous loop, where each rollout is "
+            "generated after the step before it, not during it", file, line,
+            "nothing to do unless the run needs rollout and training to overlap"))
     result = import_words(reading.argv, _experiment_name(path.name), str(path), environ, reading)
     result.findings[:0] = findings
     return result

@@ -119,6 +119,14 @@ def _convert(row: table.Flag, flag: str, words: tuple[Word, ...]):
             return int(text)
         except ValueError:
             raise ValueError(f"{flag} takes an integer, not {text!r}") from None
+    if kind == "ep_size":  # an expert-parallel size: EP is on when it spans several GPUs
+        try:
+            size = int(text)
+        except ValueError:
+            raise ValueError(f"{flag} takes an integer, not {text!r}") from None
+        if size < 1:
+            raise ValueError(f"{flag} {size}: an expert-parallel size is 1 or more")
+        return size > 1
     if kind == "float":
         try:
             value = float(text)
@@ -275,10 +283,11 @@ def _explained(mapped: Mapped, row: table.Flag, item: Group, unknown) -> None:
     shown = " ".join(str(w.value) if isinstance(w.value, str) else "?" for w in item.words)
     flag_text = f"{item.flag} {shown}".strip()
     if row.kind == "derived":
-        if row.expect and unknown is None and shown not in row.expect and row.beyond:
+        expected = _expected(row, shown)
+        if row.expect and unknown is None and not expected and row.beyond:
             mapped.report("V964", f"{flag_text}: not yet in vime (planned: {row.beyond}); vime "
                           f"uses {row.name} {row.expect[0]}", item.at, row.why)
-        elif row.expect and unknown is None and shown not in row.expect:
+        elif row.expect and unknown is None and not expected:
             mapped.report("V963", f"{flag_text}: vime uses {row.name} {row.expect[0]}", item.at,
                           row.why, row.mismatch)
         else:
@@ -289,6 +298,23 @@ def _explained(mapped: Mapped, row: table.Flag, item: Group, unknown) -> None:
     else:
         mapped.report("V963", f"{flag_text}: no equivalent in vime", item.at, row.why,
                       row.severity)
+
+
+def _expected(row: table.Flag, shown: str) -> bool:
+    """The value is one vime uses: the same text, or the same number (0.00 is 0)."""
+    if shown in row.expect:
+        return True
+    try:
+        value = float(shown)
+    except ValueError:
+        return False
+    for expect in row.expect:
+        try:
+            if float(expect) == value:
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def _unlisted(mapped: Mapped, item: Group, unknown) -> None:

@@ -144,6 +144,7 @@ class Reader:
         self.statements = 0
         self.said: set[str] = set()  # notes said once for the whole script
         self.in_test = False
+        self.train_ended: int | None = None  # the last line of a train.py command just read
         self.file = ""
         self.script_dir = Path(".")
 
@@ -461,6 +462,8 @@ class Reader:
         tok = toks[i]
         if tok.kind == "nl" or (tok.kind == "op" and tok.text in (";", "&")):
             return i + 1
+        if live and not (tok.literal() or "").startswith("--"):
+            self.train_ended = None  # only lines of --flags right after it are said to be its
         if tok.kind == "op" and tok.text == ";;":  # skip_compound passes over case's own
             raise _StopFile(tok.line, "';;' outside a case statement is a syntax error, where "
                             "bash stops the script")
@@ -553,6 +556,12 @@ class Reader:
                 elif tok.literal() and NAME.fullmatch(tok.literal() or "") is None and \
                         not (tok.literal() or "").startswith("-"):
                     self.note("V960", line, f"{command} {tok.raw} is not followed")
+            return
+        if command.startswith("--") and self.train_ended is not None:
+            self.note("V960", line, f"line {line} begins with {command}, but the command that "
+                      f"runs train.py ends on line {self.train_ended}: a '\\' missing at the end "
+                      "of a line before? bash runs this line as a command of its own, and "
+                      "train.py does not get its flags")
             return
         if command in ("source", "."):
             # VAR=value source FILE: the assignments hold while FILE is read, then end
@@ -676,6 +685,7 @@ class Reader:
         self.reading.argv = argv
         self.reading.entry_line = (self.file, line)
         self.reading.entry = self._entry_name(toks[entry]) or "train.py"
+        self.train_ended = toks[-1].line
 
     def _assign(self, tok: Tok) -> tuple[str, str, Tok] | None:
         if not tok.parts or tok.parts[0].kind != "lit" or tok.parts[0].quoted:

@@ -171,6 +171,9 @@ FLAGS: tuple[Flag, ...] = (
         choices={"k1": "k1", "k2": "k2", "k3": "k3", "low_var_kl": "k3"},
         why="low_var_kl is the k3 estimator"),
     derived("--use-kl-loss", "a KL loss is on when algorithm.kl_loss_coef > 0", source="slime"),
+    derived("--kl-coef", "the KL penalty in the reward, which 0 turns off; vime has no KL in "
+            "the reward (its KL is the loss's: --use-kl-loss, algorithm.kl_loss_coef)", ("0",),
+            source="slime"),
     key("--entropy-coef", "algorithm.entropy_coef", "float"),
     key("--disable-grpo-std-normalization", "algorithm.std_normalization", "false"),
     key("--use-tis", "algorithm.tis", "true",
@@ -292,8 +295,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--sglang-dp-size",), "key", "inference.data_parallel_size", "int",
          why="SGLang's data parallelism becomes vLLM's data_parallel_size (V967)",
          source="sglang"),
-    derived(("--sglang-ep-size",), "vLLM's EP size is TP × DP (inference.expert_parallel)",
-            source="sglang"),
+    Flag(("--sglang-ep-size", "--sglang-expert-parallel-size"), "key",
+         "inference.expert_parallel", "ep_size",
+         why="SGLang's expert parallelism over N > 1 GPUs becomes vLLM's (true; 1 is false), "
+         "whose experts are spread over each engine's TP × DP GPUs (V967)", source="sglang"),
     derived(("--sglang-enable-dp-attention",),
             "vLLM's data_parallel_size is attention data parallelism", source="sglang"),
     # derived from the architecture or fixed by vime's model builder
