@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vime.importer import table
+from vime.importer.family import FAMILY_FLAGS, QWEN3, Family, family_arch, model_family
 from vime.importer.mapping import Finding, Mapped, Origin, map_flags
 from vime.importer.shell import ARGV, Reading, Unknown, Word, read_script
+from vime.support import MODEL_TYPES
 
 REQUIRED = ("cluster.nodes", "cluster.gpus_per_node", "model.hf_checkpoint", "data.prompt_data",
             "rollout.num_rollout", "rollout.batch_size", "rollout.n_samples_per_prompt")
@@ -159,6 +161,12 @@ def _cluster(mapped: Mapped, reading: Reading | None) -> None:
 
 
 def _model(mapped: Mapped) -> None:
+    family = model_family(mapped.words)
+    config = _config_json(mapped.values.get("model.hf_checkpoint"))
+    if family != QWEN3:
+        _other_family(mapped, family, config)
+        if not family.model_types:
+            return  # no [model.arch]: a Qwen3 written for it would plan another model
     arch = {key: value for key, (value, _origin) in mapped.arch.items()}
     if not arch:
         return
@@ -181,13 +189,16 @@ def _model(mapped: Mapped) -> None:
     if "tie_word_embeddings" not in arch:
         arch["tie_word_embeddings"] = True  # Megatron ties them without the untie flag
         origins["tie_word_embeddings"] = Origin("no --untie-embeddings-and-output-weights")
-    arch["model_type"] = "qwen3_moe" if arch.get("num_experts") else "qwen3"
-    origins["model_type"] = Origin("--num-experts" if arch.get("num_experts") else "no --num-experts")
-    config = _config_json(mapped.values.get("model.hf_checkpoint"))
+    if family == QWEN3:
+        arch["model_type"] = "qwen3_moe" if arch.get("num_experts") else "qwen3"
+        origins["model_type"] = Origin("--num-experts" if arch.get("num_experts")
+                                       else "no --num-experts")
+    else:
+        _family_keys(mapped, family, arch, origins)
     if config is not None:
         for key, value in sorted(arch.items()):
-            if key == "model_type":
-                continue
+            if key == "model_type" or key == "head_dim" and arch.get("kv_lora_rank"):
+                continue  # latent attention's head is its qk dims (vime/resolve/model.py)
             found = config.get(key, _config_default(key, config))
             origin = origins[key]
             if found is not None and not _same(found, value):
@@ -200,7 +211,7 @@ def _model(mapped: Mapped) -> None:
         return
     from vime.resolve.model import PRESETS
 
-    for name, preset in PRESETS.items():
+    for name, preset in (PRESETS.items() if family == QWEN3 else ()):
         if all(_same(preset.get(k, 0), arch[k]) for k in PRESET_KEYS if k in arch) and \
                 all(k in arch for k in ("num_hidden_layers", "hidden_size")):
             mapped.set("model.preset", name, Origin("the model args (" + ", ".join(
@@ -215,6 +226,52 @@ def _model(mapped: Mapped) -> None:
             return
     for key, value in sorted(arch.items()):
         mapped.set(f"model.arch.{key}", value, origins[key])
+
+
+def _other_family(mapped: Mapped, family: Family, config: dict | None) -> None:
+    """The model args are not a Qwen3's: V975 when vime does not build the family they show
+    (with the flags that show it), V968 when config.json names another; a family vime builds
+    has its flags' errors (a Qwen3 has no such setting) made notes."""
+    first = next((mapped.flag_at[text.split()[0]] for text in family.flags
+                  if text.split()[0] in mapped.flag_at), None)
+    at = {"file": first.file, "line": first.line} if first else {}
+    shown = f"the model args show {family.name}: {', '.join(family.flags)}"
+    found = config.get("model_type") if config is not None else None
+    if not family.model_types:
+        mapped.findings.append(Finding(
+            "V975", "error", f"{shown}; vime builds {', '.join(sorted(MODEL_TYPES))} only, and "
+            "this is none of them", help="train this model with upstream: the spec cannot "
+            "describe it (vime plan reports V102 for its config.json)", **at))
+    elif config is not None and found not in family.model_types:
+        mapped.findings.append(Finding(
+            "V968", "error", f"{shown}; the checkpoint's config.json has model_type "
+            f"{found!r}", help="check that the sourced models file is this checkpoint's", **at))
+    else:
+        mapped.findings[:] = [_family_setting(f, family) for f in mapped.findings]
+
+
+def _family_setting(finding: Finding, family: Family) -> Finding:
+    """A flag's error that is a setting of the family vime builds, as a note."""
+    flag = finding.message.split(":", 1)[0].split(" ", 1)[0]
+    if finding.severity != "error" or flag not in FAMILY_FLAGS or finding.code not in \
+            ("V963", "V966"):
+        return finding
+    return Finding("V965", "note", f"{finding.message.split(':', 1)[0]}: a setting of "
+                   f"{family.name}, which vime builds", finding.file, finding.line)
+
+
+def _family_keys(mapped: Mapped, family: Family, arch: dict, origins: dict) -> None:
+    """model_type and the [model.arch] keys of a DeepSeek-V3 or GLM-4.5 from its flags."""
+    arch["model_type"] = family.model_types[0]
+    origins["model_type"] = Origin(f"the model args ({', '.join(family.flags[:3])})")
+    keys = family_arch(mapped.words, arch.get("moe_intermediate_size"))
+    for key, value in keys.values.items():
+        at = mapped.flag_at[keys.flags[key]]
+        arch[key], origins[key] = value, Origin(keys.flags[key], at.file, at.line)
+    for flag, why in keys.problems:
+        at = mapped.flag_at[flag]
+        mapped.findings.append(Finding("V963", "error", f"{flag}: {why}", at.file, at.line,
+                                       "correct the value in the script"))
 
 
 def _agrees(mapped: Mapped, origin: Origin, key: str, value, what: str) -> None:

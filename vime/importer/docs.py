@@ -36,6 +36,8 @@ def _row(row: table.Flag) -> str:
         what += " (" + ", ".join(f"{k} → {v}" for k, v in row.choices.items()) + ")"
     if row.beyond:
         what += f"; other values: not yet in vime (V964): {row.beyond}"
+    if row.family:
+        what += f"; DeepSeek-V3 / GLM-4.5: `[model.arch]` {row.family.split(':')[0]}"
     severity = "" if row.kind in ("key", "arch", "cluster", "joint") else row.severity
     names = "<br>".join(f"`{name}`" for name in row.names)
     return f"| {names} | {_cell(what)} | {severity} | {_cell(row.why)} |"

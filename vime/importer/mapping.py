@@ -47,6 +47,8 @@ class Mapped:
     arch: dict[str, tuple[object, Origin]] = field(default_factory=dict)
     cluster: dict[str, tuple[object, Origin]] = field(default_factory=dict)
     joint: dict[str, tuple[object, Origin]] = field(default_factory=dict)  # row.name -> value
+    words: dict[str, tuple[str, ...]] = field(default_factory=dict)  # every flag -> its words
+    flag_at: dict[str, Word] = field(default_factory=dict)  # every flag -> where it is written
 
     def set(self, dotted: str, value, origin: Origin) -> None:
         self.values[dotted] = value
@@ -239,6 +241,9 @@ def map_flags(argv: list[Word]) -> Mapped:
             mapped.report("V971", f"{item.flag} is given twice ({unit} {seen[canonical].at.line} "
                           f"and {unit} {item.at.line}); the last is taken", item.at)
         seen[canonical] = item
+        mapped.words[item.flag] = tuple(w.value if isinstance(w.value, str) else "?"
+                                        for w in item.words)
+        mapped.flag_at[item.flag] = item.at
         unknown = next((w.value for w in item.words if isinstance(w.value, Unknown)), None)
         if row is None:
             _unlisted(mapped, item, unknown)

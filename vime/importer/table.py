@@ -27,6 +27,10 @@ class Flag:
     source: str = "slime"
     beyond: str = ""  # choice / derived: the key being added for the other values (V964)
     mismatch: str = "error"  # derived: the severity of a value other than expect's (V963)
+    # the [model.arch] key the flag sets in a DeepSeek-V3 or GLM-4.5 model, and how its words
+    # read: KEY:int, KEY:float, KEY:str, KEY:true, KEY:VALUE (a switch), n_shared_experts:shared
+    # (the shared experts' width ÷ each expert's); vime/importer/family.py
+    family: str = ""
 
     @property
     def name(self) -> str:
@@ -45,10 +49,10 @@ def arch(names, spec_key, value="int", why="") -> Flag:
 
 
 def derived(names, why, expect=(), source="megatron", value="str", beyond="",
-            mismatch="error") -> Flag:
+            mismatch="error", family="") -> Flag:
     names = (names,) if isinstance(names, str) else names
     return Flag(names, "derived", value=value, severity="note", why=why, expect=tuple(expect),
-                source=source, beyond=beyond, mismatch=mismatch)
+                source=source, beyond=beyond, mismatch=mismatch, family=family)
 
 
 def not_yet(names, planned, why, severity="error", source="slime") -> Flag:
@@ -56,12 +60,14 @@ def not_yet(names, planned, why, severity="error", source="slime") -> Flag:
     return Flag(names, "not_yet", planned, severity=severity, why=why, source=source)
 
 
-def none(names, why, severity="error", source="slime") -> Flag:
+def none(names, why, severity="error", source="slime", family="") -> Flag:
     names = (names,) if isinstance(names, str) else names
-    return Flag(names, "none", severity=severity, why=why, source=source)
+    return Flag(names, "none", severity=severity, why=why, source=source, family=family)
 
 
 QWEN3 = "vime builds Qwen3 / Qwen3-MoE layers this way from the architecture"
+FAMILY = ("a setting of the DeepSeek-V3 and GLM-4.5 families, written to [model.arch] when the "
+          "model args show one (V975 when they show a family vime does not build)")
 
 # The keys of slime's MIS example (THUDM/slime examples/train_infer_mismatch_helper/mis.yaml
 # at 624b824a, read by its compute_mis_weights_with_cp through --custom-config-path and
@@ -320,14 +326,26 @@ FLAGS: tuple[Flag, ...] = (
          why="1 or [1, 1, ...]: the MoE layers (0 marks a dense one)"),
     derived("--swiglu", QWEN3),
     derived("--disable-bias-linear", QWEN3),
-    derived("--qk-layernorm", QWEN3),
+    derived("--qk-layernorm", QWEN3, family="use_qk_norm:true"),
     derived("--group-query-attention", QWEN3),
     derived("--use-rotary-position-embeddings", QWEN3),
     derived("--normalization", QWEN3, ("RMSNorm",)),
     derived("--position-embedding-type", QWEN3, ("rope",)),
-    derived("--rotary-percent", QWEN3, ("1.0", "1")),
-    derived("--moe-router-score-function", QWEN3, ("softmax",)),
+    derived("--rotary-percent", QWEN3, ("1.0", "1"), family="partial_rotary_factor:float"),
+    derived("--moe-router-score-function", QWEN3, ("softmax",), family="scoring_func:str"),
     derived("--moe-router-dtype", QWEN3, ("fp32",)),
+    # multi-head latent attention and the DeepSeek-V3 / GLM-4.5 router (vime/importer/family.py)
+    derived("--multi-latent-attention", FAMILY),
+    derived("--q-lora-rank", FAMILY, family="q_lora_rank:int"),
+    derived("--kv-lora-rank", FAMILY, family="kv_lora_rank:int"),
+    derived("--qk-head-dim", FAMILY, family="qk_nope_head_dim:int"),
+    derived("--qk-pos-emb-head-dim", FAMILY, family="qk_rope_head_dim:int"),
+    derived("--v-head-dim", FAMILY, family="v_head_dim:int"),
+    derived("--moe-shared-expert-intermediate-size", FAMILY, family="n_shared_experts:shared"),
+    derived("--moe-router-enable-expert-bias", FAMILY, family="topk_method:noaux_tc"),
+    derived("--moe-router-num-groups", FAMILY, family="n_group:int"),
+    derived("--moe-router-group-topk", FAMILY, family="topk_group:int"),
+    derived("--moe-router-topk-scaling-factor", FAMILY, family="routed_scaling_factor:float"),
     derived("--moe-aux-loss-coeff", "vime trains without the auxiliary load-balancing loss",
             ("0", "0.0")),
     derived("--moe-token-dispatcher-type", "vime dispatches tokens all-to-all", ("alltoall",)),
@@ -352,8 +370,9 @@ FLAGS: tuple[Flag, ...] = (
             source="vime"),
     derived("--rollout-seed", "vime derives the rollout's seeds from experiment.seed",
             source="slime"),
-    none("--add-qkv-bias", "vime's runtime builds Qwen3 without QKV bias (V102)",
-         source="megatron"),
+    none("--add-qkv-bias", "QKV bias: vime builds it in the GLM-4.5 family and in no Qwen3 "
+         "(V975 names the family the flags show)", source="megatron",
+         family="attention_bias:true"),
     none("--fp16", "vime trains in bf16", source="megatron"),
     none("--use-routing-replay", "vime replays the rollout's routing (R3: "
          "--use-rollout-routing-replay, train.routing_replay), not the actor's own"),
@@ -466,6 +485,17 @@ CODES: dict[str, tuple[str, str, str]] = {
         for in a models folder beside it); its MODEL_ARGS are usually what is missing.
         Fix: put the models file beside the script as the path says, or pass the model with
         the spec's model.hf_checkpoint (config.json)."""),
+    "V975": ("model-family", "error", """Model args that show a family other than Qwen3.
+
+        Multi-head latent attention (--multi-latent-attention, --q-lora-rank, ...) is the
+        DeepSeek-V3 family and GLM's set (--add-qkv-bias, --rotary-percent 0.5, sigmoid
+        routing with the expert bias, shared experts) the GLM-4.5 family: the importer
+        writes their [model.arch]. Flags that show another family, such as --add-qkv-bias
+        without --qk-layernorm (Qwen2) or latent attention with QKV bias, are named here
+        rather than planned as a Qwen3 of the same size; so is a checkpoint whose
+        config.json names another model_type than the flags show.
+        Fix: train a family vime does not build with upstream, or check that the models
+        file sourced is the checkpoint's."""),
 }
 
 TABLE_BY_NAME: dict[str, Flag] = {name: row for row in FLAGS for name in row.names}
