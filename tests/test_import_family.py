@@ -160,3 +160,18 @@ def test_a_family_vime_does_not_build_is_named_beside_its_config_json(tmp_path):
     result = import_argv(["--hf-checkpoint", str(tmp_path), *QWEN25_05B])
     assert [f.code for f in _family_said(result)] == ["V975"]
     assert not _arch(result)
+
+
+def test_the_router_settings_of_glm_and_deepseek_scripts_are_vime_s():
+    """`--moe-router-bias-update-rate 0` and `--moe-router-load-balancing-type seq_aux_loss`
+    with `--moe-aux-loss-coeff 0` (slime's glm4.5-106B-A12B.sh and deepseek-v3.sh): a static
+    expert bias and no load-balancing loss, as vime trains."""
+    router = ["--moe-router-bias-update-rate", "0", "--moe-router-load-balancing-type",
+              "seq_aux_loss", "--moe-aux-loss-coeff", "0"]
+    result = import_argv(["--hf-checkpoint", "/nowhere", *GLM45_AIR, *router])
+    said = {f.message.split(":")[0]: (f.code, f.severity) for f in result.findings}
+    assert said["--moe-router-bias-update-rate 0"] == ("V965", "note")
+    assert said["--moe-router-load-balancing-type seq_aux_loss"] == ("V965", "note")
+    updated = import_argv(["--moe-router-bias-update-rate", "1e-3"])
+    assert [(f.code, f.severity) for f in updated.findings
+            if f.message.startswith("--moe-router-bias-update-rate")] == [("V963", "error")]

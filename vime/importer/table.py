@@ -348,6 +348,11 @@ FLAGS: tuple[Flag, ...] = (
     derived("--moe-router-topk-scaling-factor", FAMILY, family="routed_scaling_factor:float"),
     derived("--moe-aux-loss-coeff", "vime trains without the auxiliary load-balancing loss",
             ("0", "0.0")),
+    derived("--moe-router-load-balancing-type", "vime trains without a load-balancing loss "
+            "(runtime/megatron/model.py); its weight is --moe-aux-loss-coeff, which vime "
+            "takes as 0"),
+    derived("--moe-router-bias-update-rate", "vime keeps the checkpoint's expert bias as "
+            "trained, with no update during training (runtime/megatron/model.py)", ("0",)),
     derived("--moe-token-dispatcher-type", "vime dispatches tokens all-to-all", ("alltoall",)),
     derived("--moe-token-drop-policy", "vime drops no tokens (no capacity factor)", ("probs",)),
     derived("--moe-grouped-gemm", "vime's experts run as one grouped GEMM"),
