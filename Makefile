@@ -74,13 +74,13 @@ PYTEST_RUN := -n $(JOBS) --maxprocesses=4 --dist loadfile --verbosity=0 \
 FAST := -m "not slow and not network and not slurm"
 
 test: lint
-	@echo "the fast tier: 10-15 minutes on a 2-core machine (2026-12-07)"
+	@echo "the fast tier: 7 minutes on a 2-core machine (2026-12-07)"
 	$(PY) -m pytest $(PYTEST_RUN) $(FAST) --ignore=tests/live
 
 # the main suite, then the live engine tests in their own venv (VIME_REQUIRE_VLLM: there a vLLM
 # that does not import fails them instead of skipping)
 test-all: lint $(VLLM_VENV)/.installed
-	@echo "every test: 25-35 minutes on a 2-core machine (2026-12-07)"
+	@echo "every test: about 23 minutes on a 2-core machine (2026-12-07)"
 	$(PY) -m pytest $(PYTEST_RUN) --ignore=tests/live
 	$(MAKE) test-live
 

@@ -146,7 +146,6 @@ def test_an_unreachable_ray_address_is_a_clear_error(tmp_path):
     assert not (tmp_path / "runs").exists()  # no job folder for a job that never ran
 
 
-@pytest.mark.slow
 def test_a_detached_run_goes_on_after_submit_returns_and_is_cancelled_by_id(tmp_path):
     env = {"VIME_DRIVER": f"{DRIVERS}:rollouts", "VIME_TEST_STEPS": "100000",
            "VIME_TEST_STEP_S": "0.3"}
