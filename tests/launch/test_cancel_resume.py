@@ -11,21 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from checkpointkit import FakeTrain
 
 from runtime.rl.checkpoint import Checkpoints
 from vime.launch import follow
 from vime.launch.jobdir import JobFolder
 from vime.launch.progress import Progress
 from vime.launch.resume import StartPoint
-
-
-class FakeTrain:
-    def __init__(self, payload: str):
-        self.payload = payload
-
-    def save(self, path: Path) -> None:
-        path.mkdir(parents=True)
-        (path / "weights.txt").write_text(self.payload)
 
 
 def _job_folder(tmp_path: Path, launcher: str, job_id: str, on_corrupt: str = "stop") -> Path:

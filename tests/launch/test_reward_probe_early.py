@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from httpkit import LoopbackServer
 
 from runtime.core.slices import compile_job
 from runtime.node import driver
@@ -28,37 +27,16 @@ def _dead_url() -> str:
         return f"http://127.0.0.1:{free.getsockname()[1]}/score"
 
 
-class ScoringServer:
+class ScoringServer(LoopbackServer):
     """Answers every POST with {"scores": []} and counts the requests."""
 
     def __init__(self):
         self.requests: list[bytes] = []
-        owner = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802  (http.server's name)
-                owner.requests.append(self.rfile.read(int(self.headers["Content-Length"])))
-                body = b'{"scores": []}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def answer(self, handler, body: bytes) -> None:
+        self.requests.append(body)
+        self.reply(handler, 200, b'{"scores": []}')
 
 
 def _run_driver(tmp_path: Path, monkeypatch, *sets: str) -> BaseException:

@@ -10,24 +10,15 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from checkpointkit import FakeTrain
 from runtimekit import ROOT, job_config
 
 from runtime.backends.torch_train import TorchTrainingBackend
 from runtime.rl.checkpoint import CheckpointError, Checkpoints
 from vime.launch.local import process_start
-
-
-class FakeTrain:
-    def __init__(self, payload: str):
-        self.payload = payload
-
-    def save(self, path: Path) -> None:
-        path.mkdir(parents=True)
-        (path / "weights.txt").write_text(self.payload)
 
 
 def test_latest_is_the_newest_complete_checkpoint(tmp_path):

@@ -8,15 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from checkpointkit import FakeTrain
 
 from runtime.rl.checkpoint import STATE, CheckpointError, Checkpoints, verify
 from vime.launch.resume import start_point_in
-
-
-class FakeTrain:
-    def save(self, path: Path) -> None:
-        path.mkdir(parents=True)
-        (path / "weights.txt").write_text("w")
 
 
 def _two_saves(folder: Path) -> tuple[Checkpoints, Path, Path]:

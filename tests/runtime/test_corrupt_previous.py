@@ -6,19 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from checkpointkit import FakeTrain
 from runtimekit import in_process_loop, job_config
 
 from runtime.rl.checkpoint import Checkpoints, verify
 from vime.launch.resume import start_point_in
-
-
-class FakeTrain:
-    def __init__(self, payload: str):
-        self.payload = payload
-
-    def save(self, path: Path) -> None:
-        path.mkdir(parents=True)
-        (path / "weights.txt").write_text(self.payload)
 
 
 def _flip(path: Path) -> bytes:

@@ -9,9 +9,9 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from httpkit import LoopbackServer
 from runtimekit import in_process_loop, job_config, metrics
 
 from runtime import toy
@@ -19,47 +19,26 @@ from runtime.rl import rewards
 from runtime.rl.rewards import RewardError, Sample
 
 
-class ToyRewardServer:
+class ToyRewardServer(LoopbackServer):
     """runtime.toy's reward behind POST /score; the first `failures` requests get a 503, each
     answer waits `delay_s`, and `answer` (when set) replaces the scores."""
 
     def __init__(self, failures: int = 0, delay_s: float = 0.0, answer=None):
-        self.failures, self.delay_s, self.answer = failures, delay_s, answer
+        self.failures, self.delay_s, self.scores = failures, delay_s, answer
         self.batches: list[int] = []
-        owner = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802  (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                owner.batches.append(len(body["samples"]))
-                if owner.failures:
-                    owner.failures -= 1
-                    self.send_error(503, "warming up")
-                    return
-                time.sleep(owner.delay_s)
-                scores = owner.answer if owner.answer is not None else [
-                    toy.reward(s["prompt"], s["response"], s["label"]) for s in body["samples"]]
-                data = json.dumps({"scores": scores}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def answer(self, handler, body: bytes) -> None:
+        samples = json.loads(body)["samples"]
+        self.batches.append(len(samples))
+        if self.failures:
+            self.failures -= 1
+            handler.send_error(503, "warming up")
+            return
+        time.sleep(self.delay_s)
+        scores = self.scores if self.scores is not None else [
+            toy.reward(s["prompt"], s["response"], s["label"]) for s in samples]
+        self.reply(handler, 200, json.dumps({"scores": scores}).encode())
 
 
 SAMPLES = [Sample(0, i, i + 1, "prompts.jsonl") for i in range(7)]

@@ -9,9 +9,9 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from httpkit import LoopbackServer
 from runtimekit import in_process_loop, job_config, metrics
 
 from runtime.rl import rewards
@@ -99,36 +99,16 @@ def test_an_answer_dripping_a_byte_at_a_time_is_cut_at_the_timeout(from_byte):
     assert "no complete answer within rollout.reward_timeout_s = 1 s" in message
 
 
-class ErrorServer:
+class ErrorServer(LoopbackServer):
     """A loopback HTTP server whose every POST gets `status` with `body`, counting them."""
 
     def __init__(self, status: int, body: bytes):
         self.status, self.body, self.requests = status, body, []
-        owner = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802  (http.server's name)
-                owner.requests.append(self.rfile.read(int(self.headers["Content-Length"])))
-                self.send_response(owner.status)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(owner.body)))
-                self.end_headers()
-                self.wfile.write(owner.body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def answer(self, handler, body: bytes) -> None:
+        self.requests.append(body)
+        self.reply(handler, self.status, self.body, "text/plain")
 
 
 def free_port() -> int:
