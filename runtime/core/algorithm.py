@@ -1,5 +1,6 @@
 """The RL arithmetic: advantage estimators, the clipped policy loss (token- or sequence-level
-ratio), loss aggregation, KL estimators, truncated importance sampling, entropy. Pure torch
+ratio), loss aggregation, KL estimators, truncated importance sampling (token, sequence and
+geometric levels; truncated or masked), entropy. Pure torch
 functions on tensors, shared by every training backend (torch and Megatron), so each piece is
 tested once against hand-computed numbers and a reference implementation's formula
 (tests/runtime/test_algorithm.py, tests/runtime/test_estimators.py).
@@ -27,6 +28,14 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-no
 MAX_SEQUENCE_LOG_RATIO = 10.0
 # whitening's variance floor (verl's masked_whiten, slime's distributed_masked_whiten)
 WHITEN_EPS = 1e-8
+# algorithm.tis_level and algorithm.tis_mode: the --tis-level and --tis-mode of slime's MIS
+# example (examples/train_infer_mismatch_helper/mis.py; its clip mode is truncate with a
+# tis_clip_low above 0)
+TIS_LEVELS = ("token", "sequence", "geometric")
+TIS_MODES = ("truncate", "mask")
+# a TIS log-ratio is clamped to [-20, 20] before exp (slime's mis.py SAFETY_BOUND): a
+# sequence's summed log-ratio overflows float32's exp from 89
+MAX_TIS_LOG_RATIO = 20.0
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, std_normalization: bool = True,
@@ -172,15 +181,62 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str)
     raise ValueError(f"unknown KL estimator {kind!r}; one of {', '.join(KL_ESTIMATORS)}")
 
 
+def tis_ratios(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+               mask: torch.Tensor | None = None, level: str = "token") -> torch.Tensor:
+    """pi_train_old / pi_rollout on every token at the TIS level (slime's MIS example's
+    compute_mis_weights), from the log-ratio d_t = log pi_old(t) - log pi_rollout(t):
+
+    token      exp(d_t), each token's own
+    sequence   exp(sum of its sample's d_t): the product of the sample's token ratios
+    geometric  exp(mean of its sample's d_t): their geometric mean
+
+    A sample is a row of the last dimension ([samples, tokens], or one sample's [tokens]);
+    its sum and mean are over the tokens of `mask` (its response tokens the policy wrote),
+    and every token of the sample gets the sample's ratio. The log-ratio is clamped to
+    [-20, 20] first. No gradient.
+
+    Raises:
+        ValueError: an unknown level, or a sample level without the mask.
+    """
+    log_ratio = (old_log_probs.float() - rollout_log_probs.float()).detach()
+    if level != "token":
+        if level not in TIS_LEVELS:
+            raise ValueError(f"unknown TIS level {level!r}; one of {', '.join(TIS_LEVELS)}")
+        if mask is None:
+            raise ValueError(f"the {level} TIS level sums over a sample's tokens: pass the mask")
+        mask = mask.float()
+        per_sample = (log_ratio * mask).sum(dim=-1, keepdim=True)
+        if level == "geometric":
+            per_sample = per_sample / mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+        log_ratio = per_sample.expand_as(log_ratio)
+    return torch.exp(log_ratio.clamp(min=-MAX_TIS_LOG_RATIO, max=MAX_TIS_LOG_RATIO))
+
+
+def bounded_tis_weights(ratios: torch.Tensor, clip: float, clip_low: float = 0.0,
+                        mode: str = "truncate") -> torch.Tensor:
+    """TIS weights from tis_ratios by the mode: truncate clamps each ratio to [clip_low,
+    clip] (slime's --tis-mode truncate, and clip with a lower bound); mask keeps a ratio
+    inside [clip_low, clip] and gives 0 outside, so that the token (at the sample levels,
+    every token of the sample) adds nothing to the loss (slime's --tis-mode mask)."""
+    if mode == "truncate":
+        return ratios.clamp(min=clip_low, max=clip)
+    if mode == "mask":
+        return torch.where((ratios >= clip_low) & (ratios <= clip), ratios,
+                           torch.zeros_like(ratios))
+    raise ValueError(f"unknown TIS mode {mode!r}; one of {', '.join(TIS_MODES)}")
+
+
 def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, clip: float,
-                clip_low: float = 0.0) -> torch.Tensor:
+                clip_low: float = 0.0, mask: torch.Tensor | None = None, level: str = "token",
+                mode: str = "truncate") -> torch.Tensor:
     """Truncated importance sampling (Yao et al., "Your efficient RL framework secretly brings
     you off-policy RL training", 2025): the rollout engine's sampling distribution differs
     slightly from the trainer's (kernels, precision, MoE routing), so each token's policy
-    loss is weighted by pi_train_old / pi_rollout, truncated to [clip_low, clip]; the weights
-    carry no gradient."""
-    ratio = torch.exp(old_log_probs.float() - rollout_log_probs.float())
-    return ratio.clamp(min=clip_low, max=clip).detach()
+    loss is weighted by pi_train_old / pi_rollout at the level (tis_ratios), truncated to
+    [clip_low, clip] or masked outside it (bounded_tis_weights); the weights carry no
+    gradient."""
+    return bounded_tis_weights(tis_ratios(old_log_probs, rollout_log_probs, mask, level),
+                               clip, clip_low, mode)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -213,14 +269,16 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
         ratio = exp(log_probs - old_log_probs)       (gspo: exp(sequence_log_ratio))
         pg    = max(-A * ratio, -A * clamp(ratio, 1 - eps_clip, 1 + eps_clip_high))
 
-    times the TIS weight when config.tis, plus kl_loss_coef * KL(policy || ref) with the
+    times the TIS weight when config.tis (config.tis_level, tis_mode: tis_weights; a token
+    that mask mode rejects leaves every term of the loss, as slime's rejection does), plus kl_loss_coef * KL(policy || ref) with the
     chosen estimator, minus entropy_coef * entropy. Each token's term is multiplied by its
     token_weights (config.loss_aggregation; normalizer is the step's response tokens and
     step_samples its samples, over every rank) and summed.
 
     The returned stats are sums over this micro-batch's tokens (the caller adds them over
     micro-batches and ranks, then divides by the token count): pg_loss, clipped tokens,
-    ppo_kl (old - new), kl, entropy, tis weight, tis-truncated tokens. They are 0-d tensors
+    ppo_kl (old - new), kl, entropy, tis weight, tis-truncated tokens (weights truncated or
+    masked) and, at the sample levels, samples and tis-truncated samples. They are 0-d tensors
     on the loss's device: reading one (float()) waits for the GPU, which between a forward
     and its backward would hold back the launches of the backward; a step reads them once."""
     mask = mask.float()
@@ -234,16 +292,24 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
     pg = torch.maximum(pg_unclipped, pg_clipped)
     stats = {"clipped_tokens": ((pg_clipped > pg_unclipped).float() * mask).sum(),
              "ppo_kl": (-log_ratio.detach() * mask).sum()}
+    kept = mask  # the tokens the loss sums: mask-mode TIS drops the rejected ones
     if config.tis:
         if rollout_log_probs is None:
             raise ValueError("algorithm.tis needs the rollout's log-probs")
-        weights = tis_weights(old_log_probs, rollout_log_probs, config.tis_clip,
-                              config.tis_clip_low)
+        ratios = tis_ratios(old_log_probs, rollout_log_probs, mask, config.tis_level)
+        weights = bounded_tis_weights(ratios, config.tis_clip, config.tis_clip_low,
+                                      config.tis_mode)
         pg = pg * weights
-        stats["tis_weight"] = (weights.detach() * mask).sum()
-        raw = torch.exp(old_log_probs - rollout_log_probs)
-        stats["tis_truncated_tokens"] = (
-            ((raw > config.tis_clip) | (raw < config.tis_clip_low)).float() * mask).sum()
+        outside = ((ratios > config.tis_clip) | (ratios < config.tis_clip_low)).float()
+        if config.tis_mode == "mask":
+            kept = mask * (1.0 - outside)
+        stats["tis_weight"] = (weights * mask).sum()
+        stats["tis_truncated_tokens"] = (outside * mask).sum()
+        if config.tis_level != "token":  # one weight per sample: count the samples too
+            has_tokens = mask.sum(dim=-1) > 0
+            stats["tis_samples"] = has_tokens.float().sum()
+            stats["tis_truncated_samples"] = (has_tokens & (outside.amax(dim=-1) > 0)).float(
+                ).sum()
     stats["pg_loss"] = (pg.detach() * mask).sum()
     total = pg
     if ref_log_probs is not None:
@@ -255,8 +321,9 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
         stats["entropy"] = (entropy.detach() * mask).sum()
         if config.entropy_coef:
             total = total - config.entropy_coef * entropy
+    # the denominators are the whole mask's (slime keeps them when it rejects tokens)
     if config.loss_aggregation == "token-mean":
-        loss = (total * mask).sum() / normalizer
+        loss = (total * kept).sum() / normalizer
     else:
-        loss = (total * token_weights(mask, config, normalizer, step_samples)).sum()
+        loss = (total * token_weights(mask, config, normalizer, step_samples) * kept).sum()
     return loss, stats

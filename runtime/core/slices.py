@@ -39,6 +39,9 @@ class LossConfig:
     tis: bool = False
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    # algorithm.tis_level (token | sequence | geometric) and tis_mode (truncate | mask)
+    tis_level: str = "token"
+    tis_mode: str = "truncate"
     # algorithm.advantage_estimator: gspo also makes the loss's ratio sequence-level
     advantage_estimator: str = "grpo"
     loss_aggregation: str = "token-mean"
@@ -316,6 +319,8 @@ class JobConfig:
                 entropy_coef=float(algo["entropy_coef"]), tis=bool(algo.get("tis", False)),
                 tis_clip=float(algo.get("tis_clip", 2.0)),
                 tis_clip_low=float(algo.get("tis_clip_low", 0.0)),
+                tis_level=algo.get("tis_level", "token"),
+                tis_mode=algo.get("tis_mode", "truncate"),
                 # job folders compiled before these keys existed have none: the defaults
                 advantage_estimator=algo.get("advantage_estimator", "grpo"),
                 loss_aggregation=algo.get("loss_aggregation", "token-mean"),

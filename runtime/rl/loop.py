@@ -588,9 +588,12 @@ def _train_numbers(step_stats: list[dict], has_ref: bool) -> dict[str, float]:
         numbers["train/replayed_route_match"] = total["routes_matched"] / total["routes_replayed"]
     if has_ref:
         numbers["train/kl"] = total.get("kl", 0.0) / tokens
-    if total.get("tis_weight"):
+    if total.get("tis_weight") or total.get("tis_truncated_tokens"):
         numbers["train/tis_weight"] = total["tis_weight"] / tokens
         numbers["train/tis_truncated_fraction"] = total["tis_truncated_tokens"] / tokens
+    if total.get("tis_samples"):  # tis_level sequence or geometric: one weight per sample
+        numbers["train/tis_truncated_sample_fraction"] = (total["tis_truncated_samples"]
+                                                          / total["tis_samples"])
     return numbers
 
 

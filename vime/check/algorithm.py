@@ -121,3 +121,25 @@ def greedy_groups_learn_nothing(spec: Spec):
                       "advantage is 0",
                       help="temperature = 1.0",
                       related=("rollout.n_samples_per_prompt", "algorithm.advantage_estimator"))
+
+
+@rule("V415", "tis-keys-without-tis", severity="warning", enforced_by="vime")
+def tis_keys_without_tis(spec: Spec):
+    """A TIS level or mode is set while truncated importance sampling is off.
+
+    algorithm.tis_level (token, sequence, geometric) and algorithm.tis_mode (truncate, mask)
+    say how the TIS weight is computed (runtime/core/algorithm.py's tis_weights), and only
+    algorithm.tis = true applies it: without it the loss has no TIS weight and these keys
+    change nothing, which usually means tis = true was forgotten (slime's MIS example needs
+    --use-tis beside --tis-level for the same reason).
+    Fix: algorithm.tis = true, or remove tis_level and tis_mode."""
+    algo = spec.algorithm
+    if algo.tis:
+        return
+    for key, default in (("tis_level", "token"), ("tis_mode", "truncate")):
+        value = getattr(algo, key)
+        if value != default:
+            yield Finding(f"algorithm.{key}",
+                          f"{key} = \"{value}\" has no effect: algorithm.tis is false, so the "
+                          "loss has no TIS weight",
+                          help="algorithm.tis = true", related=("algorithm.tis",))

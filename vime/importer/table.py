@@ -76,12 +76,12 @@ FAMILY = ("a setting of the DeepSeek-V3 and GLM-4.5 families, written to [model.
 MIS_EXAMPLE_OPTIONS = ("--tis-level", "--tis-mode", "--tis-lower-bound", "--tis-upper-bound",
                        "--tis-batch-normalize", "--use-rs", "--rs-level", "--rs-lower-bound",
                        "--rs-upper-bound", "--rs-veto-threshold")
-TIS_TOKEN_LEVEL = (
-    "vime's TIS (algorithm.tis, slime's --use-tis) weights each token by its own ratio "
-    "pi_train / pi_rollout truncated to [tis_clip_low, tis_clip]: the token level. The "
-    "sequence level (the product of a sample's ratios) and the geometric level (their "
-    "geometric mean), options of slime's MIS example, have no key in vime: the imported spec "
-    "trains with token-level weights")
+# slime's MIS example's functions (mis.py), named as a dotted path or as path.py:function
+MIS_FUNCTIONS = tuple(
+    f"{module}{function}"
+    for module in ("examples.train_infer_mismatch_helper.mis.",
+                   "examples/train_infer_mismatch_helper/mis.py:")
+    for function in ("compute_mis_weights_with_cp", "compute_mis_weights"))
 
 FLAGS: tuple[Flag, ...] = (
     # cluster and placement (vime/importer/__init__.py's _cluster combines them)
@@ -187,22 +187,30 @@ FLAGS: tuple[Flag, ...] = (
         "--tis-clip] (0 and 2 without them, as vime's defaults), the token level"),
     key("--tis-clip", "algorithm.tis_clip", "float"),
     key("--tis-clip-low", "algorithm.tis_clip_low", "float"),
-    none("--custom-tis-function-path", "vime's TIS is slime's vanilla one, token-level "
-         "truncation (algorithm.tis); a custom TIS function, such as slime's MIS example "
-         "(sequence and geometric levels, masking, rejection sampling, batch normalisation), "
-         "has no equivalent"),
-    derived("--tis-level", TIS_TOKEN_LEVEL, ("token",), source="slime-mis", mismatch="warning"),
-    derived("--tis-mode", "vime truncates the TIS weight to [tis_clip_low, tis_clip]: clip, "
-            "and truncate when tis_clip_low is 0 (its default). mask (a weight of 0 outside "
-            "the bounds) has no key in vime: the imported spec truncates instead",
-            ("truncate", "clip"), source="slime-mis", mismatch="warning"),
-    none(("--tis-lower-bound", "--tis-upper-bound"), "the bounds of slime's MIS example's "
-         "weights: vime truncates to algorithm.tis_clip_low and algorithm.tis_clip "
-         "(--tis-clip-low, --tis-clip); write those", severity="warning", source="slime-mis"),
+    derived("--custom-tis-function-path", "slime's MIS example (examples/"
+            "train_infer_mismatch_helper/mis.py) is vime's TIS with algorithm.tis_level and "
+            "tis_mode (--tis-level, --tis-mode, --tis-lower-bound, --tis-upper-bound); its "
+            "rejection sampling (--use-rs) and batch normalisation have no key. Another "
+            "function has no equivalent: vime's TIS is token, sequence or geometric weights, "
+            "truncated or masked (slime's icepop_function is tis_mode = \"mask\")",
+            MIS_FUNCTIONS, source="slime"),
+    key("--tis-level", "algorithm.tis_level", "choice", source="slime-mis",
+        choices={"token": "token", "sequence": "sequence", "geometric": "geometric"},
+        why="the ratio of the TIS weight: each token's, the product of a sample's "
+        "(sequence) or their geometric mean (geometric)"),
+    key("--tis-mode", "algorithm.tis_mode", "choice", source="slime-mis",
+        choices={"truncate": "truncate", "clip": "truncate", "mask": "mask"},
+        why="truncate and clip truncate to [tis_clip_low, tis_clip]; mask gives a weight "
+        "outside them 0. slime's clip and mask take 1 / --tis-upper-bound as the lower bound "
+        "when --tis-lower-bound is not given and its truncate takes 0: vime's tis_clip_low is "
+        "what --tis-lower-bound says, 0 without it"),
+    key("--tis-upper-bound", "algorithm.tis_clip", "float", source="slime-mis"),
+    key("--tis-lower-bound", "algorithm.tis_clip_low", "float", source="slime-mis"),
     none(("--tis-batch-normalize", "--use-rs", "--rs-level", "--rs-lower-bound",
           "--rs-upper-bound", "--rs-veto-threshold"), "batch normalisation and rejection "
          "sampling of slime's MIS example, which only its TIS function reads "
-         "(--custom-tis-function-path): vime's TIS has neither", severity="warning",
+         "(--custom-tis-function-path): vime's TIS has neither (tis_mode = \"mask\" rejects "
+         "by the TIS weight's own level and bounds)", severity="warning",
          source="slime-mis"),
     derived("--loss-type", "vime trains with the policy-gradient loss; SFT and custom losses "
             "have no equivalent", ("policy_loss",), source="slime"),

@@ -212,6 +212,8 @@ class Algorithm:
     tis: bool
     tis_clip: float
     tis_clip_low: float
+    tis_level: str = "token"  # token | sequence | geometric
+    tis_mode: str = "truncate"  # truncate | mask
 
 
 @dataclass(frozen=True)
