@@ -6,7 +6,7 @@ import typing
 import jsonschema
 
 from vime import schema
-from vime.resolve.spec import SECTIONS
+from vime.resolve.spec import SECTIONS, spec_key
 
 
 def _dataclass_paths(cls, prefix=()):
@@ -15,7 +15,7 @@ def _dataclass_paths(cls, prefix=()):
         if dataclasses.is_dataclass(hints[f.name]):
             yield from _dataclass_paths(hints[f.name], (*prefix, f.name))
         else:
-            yield (*prefix, f.name)
+            yield (*prefix, spec_key(f))
 
 
 def test_schema_is_a_valid_2020_12_schema():

@@ -252,6 +252,10 @@ class JobConfig:
     max_turns: int = 8
     max_total_tokens: int = 0  # 0: max_response_len
     function_timeout_s: float = 600.0
+    # rollout.async: "one_step" generates rollout k+1 while the actor trains on rollout k
+    # (runtime/rl/asynchrony.py); rollout.max_staleness bounds the versions a sample lags
+    async_mode: str = "off"
+    max_staleness: int = 1
 
     @property
     def takes_turns(self) -> bool:
@@ -369,6 +373,8 @@ class JobConfig:
             max_turns=int(rollout.get("max_turns") or 8),
             max_total_tokens=int(rollout.get("max_total_tokens") or 0),
             function_timeout_s=float(rollout.get("function_timeout_s") or 600.0),
+            async_mode=rollout.get("async", "off"),
+            max_staleness=int(rollout.get("max_staleness", 1)),
         )
 
     # ----------------------------------------------------------------------------- slices

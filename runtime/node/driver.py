@@ -69,12 +69,12 @@ def job_loop(config: JobConfig, train, rollout, metrics, log=log):
         ValueError: the tokenizer is larger than the model's vocabulary, or rollout.function
             cannot be imported.
     """
-    from runtime.rl.loop import GRPOLoop
+    from runtime.rl.asynchrony import loop_class
 
     tokenizer = load_tokenizer(config)
     prompts, _dropped = read_prompts(config.data, tokenizer)
     load_reward = reward_loader(config)
-    return GRPOLoop(config, train, rollout,
+    return loop_class(config)(config, train, rollout,
                     PromptSampler(prompts, config.seed, config.data.shuffle), tokenizer,
                     load_reward(config.reward), metrics, checkpoints_of(config, log), log=log,
                     rollout_fn=rollout_function(config), load_reward=load_reward)
@@ -176,6 +176,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
         And whatever GRPOLoop.run raises; the actors are stopped first.
     """
     from runtime.node import placement
+    from runtime.rl.asynchrony import loop_class
     from runtime.rl.loop import GRPOLoop
     from runtime.rl.metrics import MetricsLogger
     from runtime.workers import build, supervisor
@@ -221,8 +222,9 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     metrics = MetricsLogger(config.job_dir, config.job_dir.name, config.tensorboard_dir,
                             config.wandb_project, config.wandb_group,
                             config=dict(config.resolved), print_fn=log)
-    loop = GRPOLoop(config, train, rollout, sampler, tokenizer, reward_fn, metrics, checkpoints,
-                    log=log, rollout_fn=rollout_fn, load_reward=load_reward)
+    loop = loop_class(config)(config, train, rollout, sampler, tokenizer, reward_fn, metrics,
+                              checkpoints, log=log, rollout_fn=rollout_fn,
+                              load_reward=load_reward)
     restored = loop.restore()
     if resume and not restored:
         log(f"vime: asked to resume, but {config.load_dir} holds no checkpoint: starting fresh")

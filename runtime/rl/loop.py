@@ -88,6 +88,17 @@ class Scored:
     advantages: list[float]
 
 
+@dataclass(frozen=True)
+class Trained:
+    """A rollout after its training phase: its samples, the batch trained on (with the
+    actor's log-probs), each optimizer step's numbers and the engine/actor log-prob gap."""
+
+    scored: Scored
+    batch: TrainBatch
+    step_stats: list[dict]
+    gap: dict[str, float]
+
+
 @dataclass
 class Timer:
     seconds: dict[str, float] = field(default_factory=dict)
@@ -162,11 +173,20 @@ class GRPOLoop:
             return False
         state = self.checkpoints.read_state(found)
         self.train.load(found / "train")
-        self.sampler.load_state_dict(state["data"])
-        self.next_rollout, self.version = state["next_rollout"], state["weight_version"]
+        self.load_state(state)
         self.log(f"vime: resumed from {found} (next rollout {self.next_rollout}, weight "
                  f"version {self.version})")
         return True
+
+    def load_state(self, state: dict) -> None:
+        """The loop's part of a checkpoint's state.json (checkpoint_state wrote it)."""
+        self.sampler.load_state_dict(state["data"])
+        self.next_rollout, self.version = state["next_rollout"], state["weight_version"]
+
+    def checkpoint_state(self, rollout_id: int) -> dict:
+        """What state.json holds of the loop after rollout `rollout_id`, before its push."""
+        return {"next_rollout": rollout_id + 1, "weight_version": self.version + 1,
+                "data": self.sampler.state_dict()}
 
     # ------------------------------------------------------------------------------ run
 
@@ -370,20 +390,33 @@ class GRPOLoop:
                 self.rollout.sleep(2)
                 self.train.onload()
             numbers["memory/engine_bytes_while_training"] = self.rollout.resident_bytes()
+        trained = self.train_on(rollout_id, refill, timer)
+        numbers.update(trained.gap)
+        self._save_when_due(rollout_id, timer)
+        numbers.update(self._push(timer))
+        numbers.update(self._numbers(refill, trained.scored, trained.step_stats, trained.batch,
+                                     timer))
+        return numbers
+
+    def train_on(self, rollout_id: int, refill: Refill, timer: Timer) -> Trained:
+        """The training phase of a generated rollout: advantages, the actor's (and the
+        reference's) log-probs, steps_per_rollout optimizer steps, each number checked.
+
+        Raises:
+            NonFiniteError: an advantage, log-prob or training number is NaN or infinite.
+            RolloutFunctionError: an optimizer step has no trained token.
+        """
         with timer.phase("reward"):
             scored = self._score(refill)
         batch = self._batch(scored)
         self._check_trained_tokens(rollout_id, batch)
         with timer.phase("log_probs"):
             self._old_log_probs(rollout_id, batch, scored)
-        numbers.update(self._logprob_gap(rollout_id, batch))
+        gap = self._logprob_gap(rollout_id, batch)
         with timer.phase("train"):
             step_stats = self._train_steps(batch)
         guards.check_train(rollout_id, step_stats)
-        self._save_when_due(rollout_id, timer)
-        numbers.update(self._push(timer))
-        numbers.update(self._numbers(refill, scored, step_stats, batch, timer))
-        return numbers
+        return Trained(scored, batch, step_stats, gap)
 
     def _sampling_report(self, rollout_id: int, refill: Refill) -> dict[str, float]:
         """Logs a rollout whose dynamic sampling kept fewer than batch_size groups (loudly
@@ -496,9 +529,9 @@ class GRPOLoop:
         config = self.config
         if (rollout_id + 1) % config.save_interval == 0 or rollout_id + 1 == config.num_rollout:
             with timer.phase("save"):
-                self.pending_save = self.checkpoints.prepare(rollout_id, self.train, {
-                    "next_rollout": rollout_id + 1, "weight_version": self.version + 1,
-                    "data": self.sampler.state_dict()}, record=record_of(config))
+                self.pending_save = self.checkpoints.prepare(
+                    rollout_id, self.train, self.checkpoint_state(rollout_id),
+                    record=record_of(config))
         if hf_due(config, rollout_id):
             with timer.phase("save_hf"):
                 self.checkpoints.save_hf(rollout_id, self.train, config.model.hf_checkpoint,

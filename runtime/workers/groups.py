@@ -187,6 +187,10 @@ class RolloutGroup:
     def resident_bytes(self) -> int:
         return sum(_call_all(self.workers, "resident_bytes"))
 
+    def weight_versions(self) -> list[int]:
+        """The weight version each engine generates with (its last complete update)."""
+        return _call_all(self.workers, "weight_version")
+
     def where(self) -> list[dict]:
         return _call_all(self.workers, "where")
 

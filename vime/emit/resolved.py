@@ -10,12 +10,12 @@ from pathlib import Path
 import tomli_w
 
 from vime import __version__
-from vime.resolve.spec import SECTIONS, Spec
+from vime.resolve.spec import SECTIONS, Spec, spec_key
 
 
 def _plain(value):
     if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+        return {spec_key(f): _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
                 if getattr(value, f.name) is not None}
     if isinstance(value, tuple):
         return [_plain(v) for v in value]

@@ -31,6 +31,7 @@ from vime.resolve.spec import (
     RunFolders,
     SavedLayout,
     Spec,
+    spec_key,
 )
 
 # Memory per card in GiB. H100/H800 (81559 MiB) and H200 (143771 MiB, read on an H200 on
@@ -405,7 +406,7 @@ def _build(cls: type, values: dict):
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
-        value = values.get(f.name)
+        value = values.get(spec_key(f))
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
             value = _build(hint, value or {})

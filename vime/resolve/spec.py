@@ -15,6 +15,12 @@ from vime.resolve.model import Arch
 from vime.run_checkpoint import RECORD_FILE
 
 
+def spec_key(attribute) -> str:
+    """The spec's key of a dataclass field: its name, or metadata["key"] where the key is not a
+    Python name (rollout.async)."""
+    return attribute.metadata.get("key", attribute.name)
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where a value came from: the spec file, a --set, a default, a preset, or a derivation."""
@@ -119,6 +125,10 @@ class Rollout:
     max_turns: int | None = None
     max_total_tokens: int | None = None
     function_timeout_s: float | None = None
+    # "off" | "one_step": rollout k+1 generates while the actor trains on rollout k. The spec's
+    # key is `async`, a Python keyword (spec_key)
+    async_mode: str = field(default="off", metadata={"key": "async"})
+    max_staleness: int = 1  # weight versions a trained sample may lag
 
     @property
     def sample_tokens(self) -> int:
