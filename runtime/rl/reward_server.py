@@ -95,23 +95,28 @@ class RewardServer:
     def _exchange(self, payload: bytes) -> Answer | Failure:
         """One POST, ended at timeout_s from its start: a timer shuts the socket down, which
         wakes a connect, send or read blocked on it (a per-read socket timeout never fires
-        on an answer that drips in a byte at a time)."""
+        on an answer that drips in a byte at a time). The socket is the one connect made:
+        http.client clears connection.sock when an answer says `Connection: close` (HTTP/1.0
+        servers) and reads the body from that socket through the response."""
         kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         connection = kind(self.host, self.port, timeout=self.timeout_s)
         expired = threading.Event()
         phase = f"connecting to {self.host}:{self.port}"
+        connected: list[socket.socket] = []
 
         def expire():
             expired.set()
-            if connection.sock is not None:
-                with contextlib.suppress(OSError):
-                    connection.sock.shutdown(socket.SHUT_RDWR)
+            for sock in [connection.sock, *connected]:
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
 
         timer = threading.Timer(self.timeout_s, expire)
         timer.daemon = True
         timer.start()
         try:
             connection.connect()
+            connected.append(connection.sock)
             if expired.is_set():  # the name lookup and connect took the whole time
                 raise TimeoutError
             phase = "sending the request"

@@ -31,12 +31,15 @@ def scorer(url: str, timeout_s: float, **options):
 class DrippingServer:
     """A loopback socket that reads each request and answers a well-formed 200 with
     {"scores": [1.0, 1.0]}, `every_s` seconds between bytes, from the byte `from_byte` on
-    (the bytes before it at once), until the test ends."""
+    (the bytes before it at once), until the test ends. closes: the answer says the
+    connection ends with it (`Connection: close`, as HTTP/1.0 servers such as Python's
+    http.server and Flask's do), where http.client hands the socket to the response."""
 
-    def __init__(self, every_s: float, from_byte: int = 0):
+    def __init__(self, every_s: float, from_byte: int = 0, closes: bool = False):
         body = json.dumps({"scores": [1.0, 1.0]}).encode() + b" " * 200
         self.reply = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                      + (b"Connection: close\r\n" if closes else b"")
+                      + b"Content-Length: %d\r\n\r\n" % len(body) + body)
         self.every_s, self.from_byte = every_s, from_byte
         self.stop = threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -72,8 +75,9 @@ class DrippingServer:
         self.listener.close()
 
 
-@pytest.mark.parametrize("from_byte", [0, 90], ids=["status-line", "body"])
-def test_an_answer_dripping_a_byte_at_a_time_is_cut_at_the_timeout(from_byte):
+@pytest.mark.parametrize(("from_byte", "closes"), [(0, False), (90, False), (110, True)],
+                         ids=["status-line", "body", "body-connection-close"])
+def test_an_answer_dripping_a_byte_at_a_time_is_cut_at_the_timeout(from_byte, closes):
     """Each byte comes well within the timeout (0.2 s of 1 s): only a deadline for the whole
     request ends it. Bounded: the call runs in a thread the test waits 6 s for."""
     outcome: list = []
@@ -85,7 +89,7 @@ def test_an_answer_dripping_a_byte_at_a_time_is_cut_at_the_timeout(from_byte):
         except RewardError as err:
             outcome.append(err)
 
-    with DrippingServer(every_s=0.2, from_byte=from_byte) as server:
+    with DrippingServer(every_s=0.2, from_byte=from_byte, closes=closes) as server:
         started = time.monotonic()
         caller = threading.Thread(target=score, daemon=True)
         caller.start()
