@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a variable the script reads from its environment (repeatable)")
     imports.add_argument("--argv", action="store_true",
                          help="SCRIPT is the flag list train.py received, not a script")
+    imports.add_argument("--repo-root", metavar="DIR",
+                         help="the checkout the script's `source` paths are in (e.g. what "
+                         "/root/slime is on the cluster); default: the folders above the script")
     report = verbs.add_parser("report", help="the run's curves (reward, eval, response "
                               "length, log-prob gap, route match, time per phase) as one HTML "
                               "file in the job folder")
@@ -134,7 +137,8 @@ def cmd_import(args) -> int:
     from vime.importer import cli as import_cli
 
     try:
-        return import_cli.run(args.script, args.output, args.force, args.env, args.argv)
+        return import_cli.run(args.script, args.output, args.force, args.env, args.argv,
+                              args.repo_root)
     except import_cli.ImportUsageError as err:
         raise UsageError(str(err)) from None
 

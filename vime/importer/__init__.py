@@ -42,11 +42,15 @@ class ImportResult:
         return not any(f.severity == "error" for f in self.findings)
 
 
-def import_script(path: Path, text: str, environ: dict[str, str]) -> ImportResult:
-    """Read a launch script (never running it) and map its train.py flags to spec keys."""
-    reading = read_script(path, text, environ)
-    findings = [Finding(n.code, table.CODES[n.code][1], n.message, n.file, n.line,
-                        _note_help(n.code)) for n in reading.notes]
+def import_script(path: Path, text: str, environ: dict[str, str],
+                  repo_root: Path | None = None) -> ImportResult:
+    """Read a launch script (never running it) and map its train.py flags to spec keys;
+    `repo_root` is the user's checkout, where a sourced file the script names by its path on
+    the cluster is found."""
+    reading = read_script(path, text, environ, repo_root)
+    findings = [Finding(n.code, n.severity or table.CODES[n.code][1], n.message, n.file, n.line,
+                        "" if n.severity == "note" else _note_help(n.code))
+                for n in reading.notes]
     if reading.argv is None:
         findings.append(Finding("V973", "error", f"{path} runs no train.py", str(path), 1,
                                 "import the flags with --argv"))
@@ -101,7 +105,8 @@ def import_words(words: list[Word], name: str, source: str, environ: dict[str, s
 
 def _note_help(code: str) -> str:
     return {"V960": "pass what it decides with --env NAME=VALUE if a flag reads it",
-            "V961": "", "V974": "put the models file beside the script"}.get(code, "")
+            "V961": "", "V974": "name the checkout that holds it with --repo-root DIR, or put the "
+            "models file beside the script"}.get(code, "")
 
 
 def _experiment_name(filename: str) -> str:
@@ -155,6 +160,13 @@ def _cluster(mapped: Mapped, reading: Reading | None) -> None:
         return
     rollout, rollout_from = flags["--rollout-num-gpus"]
     mapped.set("inference.num_gpus", rollout, rollout_from)
+    head = reading.head_gpus if reading is not None else None
+    if nodes == 1 and head is not None and head.count >= actor + rollout:
+        # one node whose Ray head holds the actor's and the engines' GPUs
+        mapped.set("cluster.gpus_per_node", head.count,
+                   Origin(f"ray start --head --num-gpus {head.count}", head.file, head.line))
+        mapped.set("cluster.nodes", 1, nodes_from)
+        return
     total_nodes = math.ceil((actor + rollout) / per_node)
     mapped.set("cluster.nodes", total_nodes,
                Origin(f"(actor {actor} + rollout {rollout} GPUs) ÷ {per_node} per node"))

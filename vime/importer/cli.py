@@ -85,13 +85,18 @@ def report_text(result: ImportResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(script: str, output: str | None, force: bool, env: list[str], argv: bool) -> int:
+def run(script: str, output: str | None, force: bool, env: list[str], argv: bool,
+        repo_root: str | None = None) -> int:
     """Import SCRIPT, write the spec (-o, or stdout) and print the report on stderr.
 
     Raises:
-        ImportUsageError: unreadable input, a bad --env, or an -o file that exists.
+        ImportUsageError: unreadable input, a bad --env, a --repo-root that is no folder, or
+            an -o file that exists.
     """
     environ = _environ(env)
+    if repo_root is not None and not os.path.isdir(repo_root):
+        raise ImportUsageError(f"--repo-root {repo_root}: no such folder; name the checkout "
+                               "the script's `source` lines read from")
     if output and not force and os.path.lexists(output):
         raise ImportUsageError(f"{output} exists; vime import does not overwrite it without "
                                "--force")
@@ -103,7 +108,8 @@ def run(script: str, output: str | None, force: bool, env: list[str], argv: bool
         if script == "-":
             raise ImportUsageError("a script is read from a file (its sourced files are found "
                                    "beside it); use --argv for a flag list on stdin")
-        result = import_script(Path(script), text, environ)
+        result = import_script(Path(script), text, environ,
+                               Path(repo_root) if repo_root is not None else None)
     spec_dir = os.path.dirname(os.path.abspath(output)) if output else os.getcwd()
     spec = render(result, spec_dir)
     if output:

@@ -2,7 +2,8 @@
 and GLM-4.5 families that its flags give (the table rows' `family`).
 
 vime/importer/__init__.py's _model writes [model.arch] for Qwen3, Qwen3-MoE, DeepSeek-V3 and
-GLM-4.5; model args that show another family are said (V975) rather than written as a Qwen3.
+GLM-4.5; model args that show another family (Qwen2, GLM-4, Llama, GPT-OSS, Qwen3-Next, ...)
+are said (V975) rather than written as a Qwen3.
 The families vime builds are vime/support.py's MODEL_TYPES.
 """
 
@@ -19,6 +20,18 @@ MLA_FLAGS = ("--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--q
 # a MoE router and experts that Qwen3-MoE does not have: sigmoid scores with an expert bias,
 # shared experts (GLM-4.5's and DeepSeek-V3's)
 ROUTER_FLAGS = ("--moe-router-enable-expert-bias", "--moe-shared-expert-intermediate-size")
+
+# GPT-OSS's attention sinks, alternating sliding windows and clamped quick-GeGLU
+# (megatron/core/transformer/transformer_config.py: softmax_type, window_size, glu_linear_offset)
+GPT_OSS_FLAGS = ("--quick-geglu", "--glu-linear-offset", "--activation-func-clamp-value")
+WINDOW_FLAGS = ("--window-size", "--window-attn-skip-freq")
+# Qwen3-Next's output-gated attention and gated shared expert
+GATED_ATTENTION_FLAGS = ("--use-gated-attention", "--attention-output-gate",
+                         "--moe-shared-expert-gate")
+# GLM-4's dense layers: a norm after attention and after the MLP, interleaved rotary halves
+GLM4_FLAGS = ("--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved")
+# Llama 3.1's rope scaling (Qwen3 has none)
+LLAMA_ROPE_FLAGS = ("--use-rope-scaling", "--rotary-scaling-factor")
 
 # the flags of a DeepSeek-V3 or GLM-4.5 model's settings: what vime builds for those families
 FAMILY_FLAGS = frozenset({name for row in table.FLAGS if row.family for name in row.names}
@@ -48,6 +61,16 @@ def model_family(given: dict[str, tuple[str, ...]]) -> Family:
     sigmoid = tuple(text for text in shown("--moe-router-score-function")
                     if text.endswith(" sigmoid"))
     router = sigmoid + shown(*ROUTER_FLAGS)
+    oss = tuple(text for text in shown("--softmax-type") if text.endswith(" learnable")) + \
+        shown(*GPT_OSS_FLAGS)
+    if oss:
+        return Family("a GPT-OSS-family model (attention sinks, sliding-window layers, clamped "
+                      "GeGLU experts)", (), oss + shown(*WINDOW_FLAGS))
+    gated = shown(*GATED_ATTENTION_FLAGS) + tuple(
+        text for text in shown("--spec") if "qwen3_next" in text)
+    if gated:
+        return Family("a Qwen3-Next (gated attention beside gated DeltaNet linear attention)",
+                      (), gated)
     if mla and bias:
         return Family("multi-head latent attention with QKV bias (neither DeepSeek-V3's nor "
                       "GLM-4.5's attention)", (), mla + bias)
@@ -57,11 +80,19 @@ def model_family(given: dict[str, tuple[str, ...]]) -> Family:
     if bias and (partial or router) and "--num-experts" in given:
         return Family("a GLM-4.5-family model (QKV bias, partial rotary, sigmoid routing, "
                       "shared experts)", ("glm4_moe",), bias + partial + router)
+    if bias and "--num-experts" not in given and (partial or shown(*GLM4_FLAGS)):
+        return Family("a GLM-4 (dense: QKV bias, partial interleaved rotary, norms after "
+                      "attention and MLP)", (), bias + partial + shown(*GLM4_FLAGS))
     if bias and "--qk-layernorm" not in given:
         return Family("a Qwen2 (QKV bias without q/k norm)", (), bias + ("no --qk-layernorm",))
     if partial or router:
         return Family("a model that is not Qwen3 (partial rotary, sigmoid routing or shared "
                       "experts)", (), partial + router)
+    llama = shown(*LLAMA_ROPE_FLAGS) + tuple(
+        text for text in shown("--vocab-size") if text.endswith(" 128256"))
+    if llama and "--qk-layernorm" not in given:
+        return Family("a Llama (no q/k norm, Llama-3 rope scaling or vocabulary)", (),
+                      llama + ("no --qk-layernorm",))
     return QWEN3
 
 

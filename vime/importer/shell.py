@@ -28,6 +28,7 @@ from vime.importer.lexer import (
     lex,
     safe_eval,
 )
+from vime.importer.sourcing import find_sourced
 
 # the script's own folder: SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" ... && pwd)"
 SCRIPT_DIR_IDIOM = re.compile(r"^\s*cd\s+(--\s+)?\"?\$\(\s*dirname\s+(--\s+)?\"?\$\{?BASH_SOURCE(\[0\])?\}?\"?\s*\)\"?"
@@ -115,6 +116,13 @@ class Note:
     file: str
     line: int
     message: str
+    severity: str = ""  # "": the code's own (vime/importer/table.py's CODES)
+
+
+class HeadGpus(NamedTuple):
+    count: int
+    file: str
+    line: int
 
 
 @dataclass
@@ -124,6 +132,7 @@ class Reading:
     entry: str = ""  # train.py or train_async.py
     notes: list[Note] = field(default_factory=list)
     sourced: list[str] = field(default_factory=list)
+    head_gpus: HeadGpus | None = None  # `ray start --head --num-gpus N`, the last one read
 
 
 class _Env:
@@ -135,8 +144,10 @@ class _Env:
 class Reader:
     """Reads one script (and the files it sources) into a Reading."""
 
-    def __init__(self, environ: dict[str, str], reading: Reading | None = None):
+    def __init__(self, environ: dict[str, str], reading: Reading | None = None,
+                 repo_root: Path | None = None):
         self.env = _Env(environ)
+        self.repo_root = repo_root  # the user's checkout, where `source` paths are found
         self.reading = reading or Reading()
         self.depth = 0
         self.reading_now: list[Path] = []  # the files being read, the outermost first
@@ -462,8 +473,10 @@ class Reader:
         tok = toks[i]
         if tok.kind == "nl" or (tok.kind == "op" and tok.text in (";", "&")):
             return i + 1
-        if live and not (tok.literal() or "").startswith("--"):
-            self.train_ended = None  # only lines of --flags right after it are said to be its
+        if live and not (tok.literal() or "").startswith("--") and \
+                not (tok.kind == "word" and tok.literal() is None):
+            # only lines of --flags (or of expansions, `${ARGS[@]}`) right after it are its
+            self.train_ended = None
         if tok.kind == "op" and tok.text == ";;":  # skip_compound passes over case's own
             raise _StopFile(tok.line, "';;' outside a case statement is a syntax error, where "
                             "bash stops the script")
@@ -557,7 +570,11 @@ class Reader:
                         not (tok.literal() or "").startswith("-"):
                     self.note("V960", line, f"{command} {tok.raw} is not followed")
             return
-        if command.startswith("--") and self.train_ended is not None:
+        if self.train_ended is not None and not command and not assigns:
+            first = self.expand_word(words[k], line)
+            if first and isinstance(first[0], str) and first[0].startswith("--"):
+                command = f"{words[k].raw} ({first[0]} ...)"
+        if command.startswith(("--", "$", '"$')) and self.train_ended is not None:
             self.note("V960", line, f"line {line} begins with {command}, but the command that "
                       f"runs train.py ends on line {self.train_ended}: a '\\' missing at the end "
                       "of a line before? bash runs this line as a command of its own, and "
@@ -598,8 +615,22 @@ class Reader:
             return
         if command in ("printf", "mapfile", "readarray"):
             self.forget_assigned(words[k:])
+        if command == "ray":
+            self.ray_head(rest, line)
         shown = " ".join(t.raw for t in words[k:] if t.kind == "word")
         self.note("V961", line, f"not run: {shown[:100]}")
+
+    def ray_head(self, rest: list[Tok], line: int) -> None:
+        """`ray start --head ... --num-gpus N`: the GPUs of the node the script runs on."""
+        words = [self.scalar(tok, line) if tok.kind == "word" else None for tok in rest]
+        if words[:1] != ["start"] or "--head" not in words:
+            return
+        for at, word in enumerate(words):
+            count = words[at + 1] if word == "--num-gpus" and at + 1 < len(words) else \
+                word.removeprefix("--num-gpus=") if isinstance(word, str) and \
+                word.startswith("--num-gpus=") else None
+            if isinstance(count, str) and count.isdigit():
+                self.reading.head_gpus = HeadGpus(int(count), self.file, line)
 
     def read_builtin(self, rest: list[Tok], prefix: list[tuple[str, str, Tok]], line: int) -> None:
         """read [-r] [-a NAME | NAME...] <<< WORD: the fields of WORD's first line split on
@@ -763,10 +794,17 @@ class Reader:
         if isinstance(target, Unknown):
             self.note("V960", line, f"source of an unknown file: {target.why}")
             return
-        path = self.find_sourced(target)
-        if path is None:
+        found = find_sourced(target, self.script_dir,
+                             self.reading_now[0] if self.reading_now else None, self.repo_root)
+        if found is None:
             self.note("V974", line, f"cannot read the sourced file {target}")
             return
+        path = found.path
+        if found.checkout is not None:
+            self.reading.notes.append(Note(
+                "V974", self.file, line, f"source {target}: no such file here; read {path}, "
+                f"the same path under the checkout {found.checkout}"
+                + ("" if self.repo_root else " (--repo-root names another)"), "note"))
         if _identity(path) in self.reading_now:
             self.note_once(f"cycle {_identity(path)}", "V960", line,
                            f"source {target}: the file is being read already (it sources "
@@ -792,19 +830,6 @@ class Reader:
             self.read_file(path, text)
         finally:
             self.depth -= 1
-
-    def find_sourced(self, target: str) -> Path | None:
-        given = Path(target)
-        candidates = [given] if given.is_absolute() else [self.script_dir / given, given]
-        # a models file named from another checkout: scripts/models/X.sh next to this script
-        parts = given.parts
-        if "models" in parts:
-            candidates.append(self.script_dir.joinpath(*parts[parts.index("models"):]))
-        candidates.append(self.script_dir / "models" / given.name)
-        for candidate in candidates:
-            if candidate.is_file():
-                return candidate
-        return None
 
     # -- if / compound
     def if_statement(self, toks: list[Tok], i: int, end: int, live: bool) -> int:
@@ -1143,9 +1168,11 @@ def _identity(path: Path) -> Path:
         return path.absolute()
 
 
-def read_script(path: Path, text: str, environ: dict[str, str]) -> Reading:
-    """Read a launch script (never running it) with `environ` as its environment."""
-    reader = Reader(dict(environ))
+def read_script(path: Path, text: str, environ: dict[str, str],
+                repo_root: Path | None = None) -> Reading:
+    """Read a launch script (never running it) with `environ` as its environment; a file it
+    sources that is not where it names it is looked for under `repo_root` (sourcing.py)."""
+    reader = Reader(dict(environ), repo_root=repo_root)
     try:
         reader.read_file(path, text)
     except RecursionError:  # expansions nested hundreds deep
