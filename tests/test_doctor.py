@@ -79,3 +79,18 @@ def test_what_a_spec_needs_follows_its_backends_and_loggers():
     tiny = run_text(TINY.read_text(), ['logging.tensorboard_dir="tb"']).spec
     assert doctor.needs(tiny) == {"torch": "the runtime", "ray": "the runtime",
                                   "tensorboard": "logging.tensorboard_dir = 'tb'"}
+
+
+def test_a_flex_dispatcher_needs_deep_ep_and_doctor_imports_it(stand_ins, capsys):
+    flex = run_text((ROOT / "specs" / "qwen3_30b.toml").read_text(),
+                    ['train.moe_token_dispatcher="flex"']).spec
+    assert doctor.needs(flex)["deep_ep"] == 'train.moe_token_dispatcher = "flex"'
+    assert "deep_ep" not in doctor.needs(run_text(
+        (ROOT / "specs" / "qwen3_30b.toml").read_text()).spec)
+    _package(stand_ins, "deep_ep", 'raise OSError("libnvshmem_host.so.3: cannot open shared '
+             'object file")\n')
+    [deep_ep, *_hardware] = doctor.imports([doctor.BY_MODULE["deep_ep"]], timeout_s=60)
+    assert not deep_ep.usable and deep_ep.problem.startswith("OSError: libnvshmem_host.so.3")
+    [line] = doctor.table([deep_ep], doctor.needs(flex))
+    assert line.startswith("MISSING  deep_ep  (version unknown), does not import: OSError")
+    assert "(needed: train.moe_token_dispatcher = \"flex\"); build DeepEP from " in line

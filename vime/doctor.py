@@ -44,6 +44,11 @@ PACKAGES = (
     Package("transformer_engine", ("transformer-engine", "transformer_engine",
                                    "transformer-engine-cu12", "transformer_engine_torch"),
             f"see {INSTALL_DOC} (built against this machine's torch and CUDA)"),
+    # DeepEP, the flex MoE dispatcher's kernels (train.moe_token_dispatcher = "flex"): no
+    # wheel on PyPI, built from github.com/deepseek-ai/DeepEP against torch, CUDA and NVSHMEM
+    Package("deep_ep", ("deep_ep", "deep-ep"),
+            f"build DeepEP from github.com/deepseek-ai/DeepEP against this torch and CUDA "
+            f"(see {INSTALL_DOC})"),
     Package("wandb", ("wandb",), "pip install 'vime[wandb]'"),
     Package("tensorboard", ("tensorboard",), "pip install tensorboard"),
 )
@@ -51,8 +56,10 @@ BY_MODULE = {p.module: p for p in PACKAGES}
 # the children imports() starts, each importing its modules in order in one Python, as the
 # job's processes do: a Megatron training rank (torch, Transformer Engine, megatron.core), a
 # vLLM engine, the Ray driver. wandb and TensorBoard are pure Python: their metadata and
-# finders (installed()) say what an import would.
-IMPORT_GROUPS = (("torch", "transformer_engine", "megatron.core"), ("vllm",), ("ray",))
+# finders (installed()) say what an import would. deep_ep loads its CUDA extension (and
+# NVSHMEM) on import, as megatron-core's flex dispatcher does in a training rank.
+IMPORT_GROUPS = (("torch", "transformer_engine", "megatron.core", "deep_ep"), ("vllm",),
+                 ("ray",))
 # rows imports() adds after the packages: what torch and nvidia-smi report
 HARDWARE = (
     Package("cuda", (), f"a CUDA build of torch and an NVIDIA driver; see {INSTALL_DOC}"),
@@ -275,6 +282,8 @@ def needs(spec) -> dict[str, str]:
         wanted["megatron.core"] = 'train.backend = "megatron"'
         if spec.train.transformer_impl == "transformer_engine":
             wanted["transformer_engine"] = 'train.transformer_impl = "transformer_engine"'
+        if spec.train.moe_token_dispatcher == "flex":
+            wanted["deep_ep"] = 'train.moe_token_dispatcher = "flex"'
     if spec.logging.wandb_project:
         wanted["wandb"] = f"logging.wandb_project = {spec.logging.wandb_project!r}"
     if spec.logging.tensorboard_dir:

@@ -36,6 +36,7 @@ from runtime.megatron.mapping import MegatronView, tensor_to_hf, unfuse_experts
 from runtime.megatron.model import (
     agree_on_impl,
     build_gpt,
+    choose_dispatcher,
     choose_transformer_impl,
     cp_slots,
     transformer_config,
@@ -141,6 +142,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
         if slice.parallel["pp"] != 1:
             raise NotImplementedError(  # also V905 at compile time
                 f"the Megatron backend runs pp = 1; the plan has pp = {slice.parallel['pp']}")
+        dispatcher = choose_dispatcher(slice.moe_token_dispatcher, slice.moe_flex_backend)
         self.slice = slice
         self.device = torch.device("cuda", torch.cuda.current_device())
         if not dist.is_initialized():
@@ -167,7 +169,7 @@ class MegatronTrainingBackend(TorchTrainingBackend):
             self.arch, slice.recompute, tensor_model_parallel_size=tp,
             context_parallel_size=cp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
             sequence_parallel=tp > 1, calculate_per_token_loss=True,
-            moe_enable_routing_replay=slice.routing_replay and self.arch.is_moe,
+            moe_enable_routing_replay=slice.routing_replay and self.arch.is_moe, **dispatcher,
             moe_grouped_gemm=self.impl == "transformer_engine" and self.arch.is_moe)
         self.gpt = build_gpt(self.arch, self.config, self.arch.max_position_embeddings,
                              impl=self.impl).cuda()

@@ -104,6 +104,11 @@ class TrainSlice:
     # train.pack_sequences: the Megatron backend runs each micro-batch as one packed row of its
     # samples (THD) where it can (cp = 1); the torch backend pads
     pack_sequences: bool = True
+    # train.moe_token_dispatcher (alltoall | flex) and moe_flex_backend (deepep | hybridep):
+    # how the Megatron backend's MoE layers move tokens (runtime/megatron/model.py,
+    # choose_dispatcher); defaults for slices built by hand (benchmarks)
+    moe_token_dispatcher: str = "alltoall"
+    moe_flex_backend: str = "deepep"
 
     def __post_init__(self):
         if not isinstance(self.parallel, Layout):  # a slice built by hand from a mapping
@@ -349,7 +354,9 @@ class JobConfig:
                 # job folders compiled before the key existed have none: the schema's default
                 "transformer_impl": train.get("transformer_impl", "auto"),
                 "balance_data": bool(train.get("balance_data", False)),
-                "pack_sequences": train.get("pack_sequences", True)}),
+                "pack_sequences": train.get("pack_sequences", True),
+                "moe_token_dispatcher": train.get("moe_token_dispatcher", "alltoall"),
+                "moe_flex_backend": train.get("moe_flex_backend", "deepep")}),
             ranks=tuple(MappingProxyType(r) for r in plan["train"]["ranks"]),
             parallel=Layout.from_plan(plan["train"]),
             engines=tuple(MappingProxyType(e) for e in plan["rollout"]["engines"]),
@@ -399,7 +406,9 @@ class JobConfig:
             recompute=str(self.train["recompute"]), cpu_threads=cpu_threads,
             args=self.megatron_args, top_p=self.top_p,
             transformer_impl=str(self.train["transformer_impl"]),
-            pack_sequences=bool(self.train["pack_sequences"]))
+            pack_sequences=bool(self.train["pack_sequences"]),
+            moe_token_dispatcher=str(self.train["moe_token_dispatcher"]),
+            moe_flex_backend=str(self.train["moe_flex_backend"]))
 
     @property
     def max_model_len(self) -> int:

@@ -284,6 +284,55 @@ def _pipeline_rank() -> int:
     return parallel_state.get_pipeline_model_parallel_rank()
 
 
+DISPATCHERS = ("alltoall", "flex")  # the spec's train.moe_token_dispatcher
+FLEX_BACKENDS = {"deepep": "Buffer", "hybridep": "HybridEPBuffer"}  # -> what deep_ep must have
+
+
+def choose_dispatcher(dispatcher: str = "alltoall", flex_backend: str = "deepep") -> dict:
+    """megatron-core's TransformerConfig settings for the spec's train.moe_token_dispatcher
+    and moe_flex_backend. "flex" needs CUDA and the deep_ep package with the backend's buffer
+    (megatron/core/transformer/moe/fused_a2a.py imports it, and the dispatcher stops the
+    first MoE layer's build without it, "DeepEP is not installed."); this refuses at start
+    instead, naming the key.
+
+    Raises:
+        RuntimeError: flex where its kernels cannot run (no CUDA device, deep_ep missing).
+        ValueError: a value the schema does not have.
+    """
+    if dispatcher not in DISPATCHERS:
+        raise ValueError(f"train.moe_token_dispatcher = {dispatcher!r}: expected one of "
+                         f"{', '.join(DISPATCHERS)}")
+    if dispatcher == "alltoall":
+        return {"moe_token_dispatcher_type": "alltoall"}
+    if flex_backend not in FLEX_BACKENDS:
+        raise ValueError(f"train.moe_flex_backend = {flex_backend!r}: expected one of "
+                         f"{', '.join(FLEX_BACKENDS)}")
+    setting = (f'train.moe_token_dispatcher = "flex" (moe_flex_backend = "{flex_backend}")')
+    fix = 'set train.moe_token_dispatcher = "alltoall", which routes the same tokens over NCCL'
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{setting}: DeepEP's kernels run on CUDA GPUs, and this node has "
+                           f"no CUDA device: {fix}")
+    buffer = FLEX_BACKENDS[flex_backend]
+    try:
+        import deep_ep
+    except Exception as error:  # ImportError, or OSError from its CUDA or NVSHMEM libraries
+        raise RuntimeError(f"{setting}, but deep_ep does not import on this node "
+                           f"({type(error).__name__}: {error}): build DeepEP against this "
+                           f"torch and CUDA in the job's environment (`vime doctor SPEC` "
+                           f"checks it), or {fix.removeprefix('set ')}") from error
+    if not hasattr(deep_ep, buffer):
+        raise RuntimeError(f"{setting}, but this node's deep_ep has no {buffer}"
+                           + (" (HybridEP is on DeepEP's hybrid-ep branch)"
+                              if flex_backend == "hybridep" else "") + f": {fix}")
+    settings = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": flex_backend}
+    if flex_backend == "hybridep":
+        # packed micro-batches give the ranks different token counts, which HybridEP takes
+        # only padded to the group's largest (transformer_config.py,
+        # moe_hybridep_pad_uneven_dispatch_inputs)
+        settings["moe_hybridep_pad_uneven_dispatch_inputs"] = True
+    return settings
+
+
 EXPERTS_ENV = "VIME_MOE_EXPERTS"  # grouped | sequential | auto (unset: auto)
 TRANSFORMER_IMPLS = ("auto", "transformer_engine", "local")  # the spec's train.transformer_impl
 

@@ -6,6 +6,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     cards,
     checkpoint,
     cluster,
+    dispatcher,
     engine_flags,
     files,
     hf_export,

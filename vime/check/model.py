@@ -1,5 +1,6 @@
-"""V102-V103, V119: the model's architecture, against what the runtime can run, against the
-checkpoint's own config.json, and its FP8 blocks against the engine's tensor parallelism."""
+"""V102-V104, V119: the model's architecture, against what the runtime can run, against the
+checkpoint's own config.json, a context length nothing gives, and its FP8 blocks against the
+engine's tensor parallelism."""
 
 from __future__ import annotations
 
@@ -209,6 +210,35 @@ def block_splits(arch: Arch, tp: int, expert_parallel: bool, block: tuple[int, i
     if arch.is_moe and not expert_parallel:
         check("mlp.experts", arch.moe_ffn_hidden_size, False)
     return found
+
+
+@rule("V104", "max-positions-defaulted", severity="warning", enforced_by="vime",
+      needs_arch=True)
+def max_positions_defaulted(spec: Spec):
+    """The model's max_position_embeddings is vime's default: nothing the spec reads says it.
+
+    Neither the checkpoint's config.json (not readable here), the preset nor [model.arch]
+    gives max_position_embeddings, so vime takes 2048, transformers' default for a config
+    without it. It bounds the rollout's context (V506 compares max_prompt_len plus the
+    longest response with it), and Megatron sizes its rotary table by it
+    (--max-position-embeddings in megatron.args): a real model's context is usually
+    much longer (Qwen3's 40960), and a plan made with 2048 refuses lengths the model takes,
+    or, the other way, accepts ones it does not.
+    Fix: [model.arch] max_position_embeddings = the checkpoint's (its config.json's
+    max_position_embeddings; a launch script's --max-position-embeddings or --seq-length,
+    which `vime import` writes), or a model.preset, or model.hf_checkpoint readable here."""
+    origin = spec.origins.get("model.arch.max_position_embeddings")  # resolve's, when defaulted
+    if origin is None or origin.kind != "default":
+        return
+    limit = spec.arch.max_position_embeddings
+    read = spec.origin("model.arch")
+    source = "a config.json nor a preset" if read.kind == "arch" else read.describe()
+    yield Finding("model.arch" if spec.model.arch else _model_key(spec, "max_position_embeddings"),
+                  f"max_position_embeddings is vime's default {limit}: neither {source} nor "
+                  "[model.arch] gives it, and it bounds the rollout's context (V506) and "
+                  "Megatron's rotary table",
+                  help="[model.arch] max_position_embeddings = the checkpoint's context "
+                  "length (its config.json's max_position_embeddings)")
 
 
 @rule("V119", "fp8-blocks-split-over-engine-tp", enforced_by="vllm", needs_arch=True)

@@ -134,7 +134,9 @@ def context_fits_model(spec: Spec):
                           f"max_prompt_len + {key.split('.', 1)[0]} "
                           f"{key.rsplit('.', 1)[1]} = "
                           f"{roll.max_prompt_len} + {response} = {total} exceeds the model's "
-                          f"max_position_embeddings {limit}",
+                          f"max_position_embeddings {limit}" + (
+                              " (vime's default: nothing gives it, V104)" if spec.origins.get(
+                                  "model.arch.max_position_embeddings") else ""),
                           help=f"{key.rsplit('.', 1)[1]} = "
                           f"{max(limit - roll.max_prompt_len, 1)}",
                           related=("rollout.max_prompt_len",))

@@ -93,11 +93,13 @@ def megatron_args(plan: Plan) -> list[list[str]]:
             ["--moe-router-topk", str(arch.topk)],
             ["--moe-layer-freq", freq],
             ["--moe-router-score-function", arch.score_function],
-            ["--moe-token-dispatcher-type", "alltoall"],
+            ["--moe-token-dispatcher-type", train.moe_token_dispatcher],
             ["--moe-router-dtype", "fp32"],
             ["--moe-aux-loss-coeff", "0"],
             ["--moe-grouped-gemm"],
         ]
+        if train.moe_token_dispatcher == "flex":
+            args.append(["--moe-flex-dispatcher-backend", train.moe_flex_backend])
         if not arch.norm_topk_prob:
             args.append(["--moe-router-pre-softmax"])
         if train.routing_replay:

@@ -32,6 +32,8 @@ def _row(row: table.Flag) -> str:
     what = KIND_TEXT[row.kind].format(key=shown, expect=expect)
     if row.kind == "key" and row.value in ("true", "false"):
         what += f" = {row.value}"
+    elif row.kind == "key" and row.value.startswith("set:"):
+        what += f" = \"{row.value.removeprefix('set:')}\""
     if row.choices:
         what += " (" + ", ".join(f"{k} → {v}" for k, v in row.choices.items()) + ")"
     if row.beyond:

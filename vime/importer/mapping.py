@@ -281,7 +281,35 @@ def map_flags(argv: list[Word]) -> Mapped:
                 mapped.report("V967", f"{item.flag} {' '.join(str(w.value) for w in item.words)}"
                               f" becomes {row.key} (vLLM)", item.at, row.why)
             mapped.set(row.key, value, origin)
+    _dispatcher(mapped)
     return mapped
+
+
+def _dispatcher(mapped: Mapped) -> None:
+    """--moe-enable-deepep and --moe-flex-dispatcher-backend choose the flex dispatcher's
+    kernels: Megatron refuses DeepEP without --moe-token-dispatcher-type flex
+    (TransformerConfig.__post_init__), and reads a backend only with flex."""
+    if mapped.words.get("--moe-token-dispatcher-type") == ("allgather",):
+        mapped.report("V965", "--moe-token-dispatcher-type allgather: vime's alltoall sends "
+                      "the same tokens to the same experts; megatron-core refuses allgather "
+                      "with the variable sequence lengths vime trains with",
+                      mapped.flag_at["--moe-token-dispatcher-type"])
+    backend = mapped.origins.get("train.moe_flex_backend")
+    if backend is None or mapped.values.get("train.moe_token_dispatcher") == "flex":
+        return
+    at = mapped.flag_at[backend.flag]
+    dispatcher = mapped.words.get("--moe-token-dispatcher-type")
+    shown = (f"--moe-token-dispatcher-type {' '.join(dispatcher)}" if dispatcher else
+             "no --moe-token-dispatcher-type (Megatron's allgather)")
+    if backend.flag == "--moe-enable-deepep":
+        mapped.report("V963", f"--moe-enable-deepep with {shown}: Megatron stops at start, "
+                      "\"DeepEP backend is only supported with flex token dispatcher.\"", at,
+                      "add --moe-token-dispatcher-type flex to the script (train."
+                      "moe_token_dispatcher = \"flex\"), or remove --moe-enable-deepep")
+    else:
+        mapped.report("V965", f"{backend.flag} {mapped.values['train.moe_flex_backend']} with "
+                      f"{shown}: the backend is read only by the flex dispatcher", at)
+    del mapped.values["train.moe_flex_backend"], mapped.origins["train.moe_flex_backend"]
 
 
 def _explained(mapped: Mapped, row: table.Flag, item: Group, unknown) -> None:

@@ -361,7 +361,22 @@ FLAGS: tuple[Flag, ...] = (
             "takes as 0"),
     derived("--moe-router-bias-update-rate", "vime keeps the checkpoint's expert bias as "
             "trained, with no update during training (runtime/megatron/model.py)", ("0",)),
-    derived("--moe-token-dispatcher-type", "vime dispatches tokens all-to-all", ("alltoall",)),
+    # the MoE token dispatcher (mapping.py's _dispatcher reads the pair)
+    key("--moe-token-dispatcher-type", "train.moe_token_dispatcher", "choice", source="megatron",
+        choices={"alltoall": "alltoall", "flex": "flex", "allgather": "alltoall"},
+        why="allgather becomes alltoall: the same tokens reach the same experts, and "
+        "megatron-core refuses allgather with the variable sequence lengths vime and slime "
+        "train with"),
+    key("--moe-enable-deepep", "train.moe_flex_backend", "set:deepep", source="megatron",
+        why="DeepEP's kernels for --moe-token-dispatcher-type flex, which it needs (Megatron: "
+        "\"DeepEP backend is only supported with flex token dispatcher.\")"),
+    key("--moe-flex-dispatcher-backend", "train.moe_flex_backend", "choice", source="megatron",
+        choices={"deepep": "deepep", "hybridep": "hybridep"},
+        why="ncclep (NCCL's expert parallelism through Transformer Engine) has no equivalent; "
+        "read only with --moe-token-dispatcher-type flex"),
+    none(("--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms", "--moe-hybridep-num-sms"),
+         "the SMs the flex dispatcher's kernels take: vime leaves the backend's own number "
+         "(DeepEP's 20)", severity="warning", source="megatron"),
     derived("--moe-token-drop-policy", "vime drops no tokens (no capacity factor)", ("probs",)),
     derived("--moe-grouped-gemm", "vime's experts run as one grouped GEMM"),
     derived("--moe-permute-fusion", "a kernel choice vime makes itself"),

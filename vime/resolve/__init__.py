@@ -433,6 +433,11 @@ def resolve(raw: dict, positions: Positions, spec_dir: FsPath, resume: bool = Tr
     sections = {name: _build(cls, values[name]) for name, cls in SECTIONS.items()}
     if resolution.origin is not None:
         origins["model.arch"] = resolution.origin
+    if resolution.arch is not None and "max_position_embeddings" not in {
+            **(resolution.config or {}), **values["model"]["arch"]}:
+        origins["model.arch.max_position_embeddings"] = Origin(
+            "default", f"{resolution.arch.max_position_embeddings}: neither "
+            f"{resolution.origin.describe()} nor [model.arch] gives max_position_embeddings")
     problem = (resolution.problem_key, resolution.problem) if resolution.problem else None
     invocation = (positions.spans.source.name,
                   *(arg for o in sorted(positions.overrides.values(), key=lambda o: o.index)

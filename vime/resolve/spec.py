@@ -203,6 +203,8 @@ class Train:
     offload: str  # auto | always | never: taking turns on a colocated GPU (vime/plan/colocation.py)
     transformer_impl: str  # auto | transformer_engine | local (--transformer-impl)
     pack_sequences: bool  # Megatron backend, cp = 1: a micro-batch as one packed row (THD)
+    moe_token_dispatcher: str  # alltoall | flex (--moe-token-dispatcher-type)
+    moe_flex_backend: str  # deepep | hybridep, with flex (--moe-flex-dispatcher-backend)
     routing_imbalance: float
     parallel: Parallel
     optimizer: Optimizer
