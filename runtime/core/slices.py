@@ -198,6 +198,8 @@ class SamplingPolicy:
     dynamic_sampling_filter: str | None = None  # "module:function"
     over_sampling_batch_size: int = 0  # prompts per refill attempt
     max_attempts: int = 1
+    # rollouts in a row that keep no group before the run stops with NoSignalError; 0: never
+    max_empty_rollouts: int = 10
     overlong: str = "keep"  # keep | mask | penalty
     overlong_buffer_len: int = 1
     overlong_penalty_factor: float = 1.0
@@ -328,6 +330,8 @@ class JobConfig:
                 entropy_coef=float(algo["entropy_coef"]), tis=bool(algo.get("tis", False)),
                 tis_clip=float(algo.get("tis_clip", 2.0)),
                 tis_clip_low=float(algo.get("tis_clip_low", 0.0)),
+                tis_level=algo.get("tis_level", "token"),
+                tis_mode=algo.get("tis_mode", "truncate"),
                 tis_level=algo.get("tis_level", "token"),
                 tis_mode=algo.get("tis_mode", "truncate"),
                 # job folders compiled before these keys existed have none: the defaults
@@ -463,6 +467,7 @@ def _sampling_policy(rollout: dict) -> SamplingPolicy:
         over_sampling_batch_size=int(rollout.get("over_sampling_batch_size",
                                                  rollout["batch_size"])),
         max_attempts=int(rollout.get("dynamic_sampling_max_attempts", 1)),
+        max_empty_rollouts=int(rollout.get("dynamic_sampling_max_empty_rollouts", 10)),
         overlong=rollout.get("overlong", "keep"),
         overlong_buffer_len=int(rollout.get("overlong_buffer_len",
                                             max(int(rollout["max_response_len"]) // 5, 1))),

@@ -44,13 +44,13 @@ from runtime.rl.data import PromptSampler, request_seed
 from runtime.rl.evaluation import Evaluator
 from runtime.rl.metrics import MetricsLogger
 from runtime.rl.sampling import (
-    MAX_EMPTY_ROLLOUTS,
     Group,
     NoSignalError,
     Refill,
     load_filter,
     mask_overlong,
     overlong_penalty,
+    stops_without_signal,
 )
 
 # mean |actor - engine| log-prob per response token on the same weights above which the loop
@@ -182,11 +182,13 @@ class GRPOLoop:
         """The loop's part of a checkpoint's state.json (checkpoint_state wrote it)."""
         self.sampler.load_state_dict(state["data"])
         self.next_rollout, self.version = state["next_rollout"], state["weight_version"]
+        # checkpoints from before the streak was kept have none: counted from 0
+        self.empty_streak = int(state.get("empty_streak", 0))
 
     def checkpoint_state(self, rollout_id: int) -> dict:
         """What state.json holds of the loop after rollout `rollout_id`, before its push."""
         return {"next_rollout": rollout_id + 1, "weight_version": self.version + 1,
-                "data": self.sampler.state_dict()}
+                "data": self.sampler.state_dict(), "empty_streak": self.empty_streak}
 
     # ------------------------------------------------------------------------------ run
 
@@ -204,8 +206,8 @@ class GRPOLoop:
             EngineFailed: an engine died more often than max_restarts allows
                 (runtime/workers/supervisor.py).
             CheckpointError: a checkpoint cannot be written (runtime/rl/checkpoint.py).
-            NoSignalError: dynamic sampling kept no group in MAX_EMPTY_ROLLOUTS rollouts in a
-                row (runtime/rl/sampling.py), raised after the last one's metrics line and
+            NoSignalError: dynamic sampling kept no group in
+                rollout.dynamic_sampling_max_empty_rollouts rollouts in a row (runtime/rl/sampling.py), raised after the last one's metrics line and
                 checkpoint.
         """
         config = self.config
@@ -254,17 +256,19 @@ class GRPOLoop:
 
     def stop_without_signal(self, rollout_id: int) -> None:
         """Raises NoSignalError when dynamic sampling has kept no group in the last
-        MAX_EMPTY_ROLLOUTS rollouts (counted from this run's first, not across a resume)."""
-        if self.empty_streak < MAX_EMPTY_ROLLOUTS:
-            return
+        rollout.dynamic_sampling_max_empty_rollouts rollouts (never when it is 0); the streak
+        is checkpointed, so a resumed run counts on as the uninterrupted one."""
         config = self.config
+        if not stops_without_signal(self.empty_streak, config.sampling):
+            return
         raise NoSignalError(
             f"rollouts {rollout_id - self.empty_streak + 1} to {rollout_id}: dynamic sampling "
             f"kept no group in {self.empty_streak} rollouts in a row "
             f"(rollout.dynamic_sampling_max_attempts = {config.sampling.max_attempts} "
             f"attempt(s) of {config.sampling.over_sampling_batch_size} prompt(s) each), so "
-            f"none of them trained on a group of differing rewards; the run stops. "
-            f"{self.last_advice}")
+            f"none of them trained on a group of differing rewards; the run stops "
+            f"(rollout.dynamic_sampling_max_empty_rollouts = "
+            f"{config.sampling.max_empty_rollouts}; 0 never stops). {self.last_advice}")
 
     def commit_checkpoint(self) -> None:
         """The rollout's checkpoint made visible, after its metrics line is written: a stop

@@ -14,11 +14,6 @@ from dataclasses import dataclass, field
 
 from runtime.core.slices import SamplingPolicy
 
-# rollouts in a row whose dynamic sampling keeps no group (after max_attempts attempts each)
-# before the run stops with NoSignalError: each of them has no group of differing rewards,
-# so every group-baseline advantage is 0 and the policy gradient is nothing
-MAX_EMPTY_ROLLOUTS = 10
-
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) -> float:
     """DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13) of a response of `length`
@@ -64,8 +59,16 @@ class FilterError(RuntimeError):
 
 
 class NoSignalError(RuntimeError):
-    """Dynamic sampling kept no group in MAX_EMPTY_ROLLOUTS rollouts in a row; the message
-    says what the rewards were and what to try."""
+    """Dynamic sampling kept no group in rollout.dynamic_sampling_max_empty_rollouts rollouts
+    in a row (each of them had no group of differing rewards, so every group-baseline
+    advantage was 0 and the policy gradient nothing); the message says what the rewards were
+    and what to try."""
+
+
+def stops_without_signal(empty_streak: int, policy: SamplingPolicy) -> bool:
+    """Whether `empty_streak` rollouts in a row that kept no group stop the run:
+    policy.max_empty_rollouts of them, never when it is 0."""
+    return policy.max_empty_rollouts > 0 and empty_streak >= policy.max_empty_rollouts
 
 
 def load_filter(name: str) -> GroupFilter:

@@ -1,8 +1,9 @@
 """Dynamic sampling that keeps no group says so: the log line of such a rollout names the
 groups kept and filtered, the attempts, the rewards seen and what to try; the console line
 and metrics.jsonl show kept and filtered groups and the rollouts in a row that kept none; and
-after MAX_EMPTY_ROLLOUTS of them the run stops (the loop on the torch pair, in this process,
-with a constant reward from this module)."""
+after rollout.dynamic_sampling_max_empty_rollouts of them the run stops, never with 0, counting
+on across a resume (the loop on the torch pair, in this process, with a constant reward from
+this module)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from runtimekit import in_process_loop, job_config, metrics
 from runtime.core.slices import SamplingPolicy
 from runtime.rl.data import Prompt
 from runtime.rl.metrics import sampling_parts
-from runtime.rl.sampling import MAX_EMPTY_ROLLOUTS, Group, NoSignalError, Refill
+from runtime.rl.sampling import Group, NoSignalError, Refill
 
 
 def constant_reward(prompt, response, label):
@@ -66,26 +67,55 @@ def test_the_console_line_shows_kept_and_filtered_groups():
         "groups kept 0 filtered 16 NO GROUP KEPT (4 in a row)"]
 
 
-def test_a_run_that_keeps_no_group_stops_after_max_empty_rollouts(tmp_path):
-    lines: list[str] = []
-    _, _, config = job_config(
-        tmp_path, rollout__num_rollout=str(MAX_EMPTY_ROLLOUTS + 5),
+MAX_EMPTY = 3
+
+
+def _constant_reward_config(tmp_path, num_rollout: int, max_empty: int = MAX_EMPTY, **keys):
+    return job_config(
+        tmp_path, rollout__num_rollout=str(num_rollout),
         rollout__reward='"test_sampling_signal:constant_reward"',
         rollout__dynamic_sampling="true", rollout__dynamic_sampling_max_attempts="2",
+        rollout__dynamic_sampling_max_empty_rollouts=str(max_empty),
         rollout__batch_size="2", rollout__n_samples_per_prompt="4", train__micro_batch_size="4",
-        eval__at_start="false", checkpoint__save_interval="1000")
+        eval__at_start="false", **{"checkpoint__save_interval": "1000", **keys})[2]
+
+
+def test_a_run_that_keeps_no_group_stops_after_max_empty_rollouts(tmp_path):
+    lines: list[str] = []
+    config = _constant_reward_config(tmp_path, MAX_EMPTY + 2)
+    assert config.sampling.max_empty_rollouts == MAX_EMPTY
     loop = in_process_loop(config, log=lines.append)
     with pytest.raises(NoSignalError) as caught:
         loop.run()
     message = str(caught.value)
-    assert (f"rollouts 0 to {MAX_EMPTY_ROLLOUTS - 1}: dynamic sampling kept no group in "
-            f"{MAX_EMPTY_ROLLOUTS} rollouts in a row") in message
-    assert "the run stops. Every sample of the rollout scored 0" in message
+    assert (f"rollouts 0 to {MAX_EMPTY - 1}: dynamic sampling kept no group in "
+            f"{MAX_EMPTY} rollouts in a row") in message
+    assert (f"the run stops (rollout.dynamic_sampling_max_empty_rollouts = {MAX_EMPTY}; 0 never "
+            "stops). Every sample of the rollout scored 0") in message
     records = metrics(config.job_dir)
-    assert [r["rollout/empty_streak"] for r in records] == list(range(1, MAX_EMPTY_ROLLOUTS + 1))
+    assert [r["rollout/empty_streak"] for r in records] == list(range(1, MAX_EMPTY + 1))
     assert all(r["rollout/groups_kept"] == 0 and r["rollout/sampling_attempts"] == 2
                for r in records)
     loud = [line for line in lines if "DYNAMIC SAMPLING KEPT NO GROUP" in line]
-    assert len(loud) == MAX_EMPTY_ROLLOUTS
+    assert len(loud) == MAX_EMPTY
     console = [line for line in lines if line.startswith("rollout ")]
     assert all("groups kept 0 filtered 4 NO GROUP KEPT" in line for line in console)
+
+
+def test_a_limit_of_0_never_stops(tmp_path):
+    config = _constant_reward_config(tmp_path, 3, max_empty=0)
+    in_process_loop(config).run()
+    assert [r["rollout/empty_streak"] for r in metrics(config.job_dir)] == [1, 2, 3]
+
+
+def test_the_streak_counts_on_across_a_resume(tmp_path):
+    # two empty rollouts, checkpointed; the resumed run's first empty one is the third in a row
+    first = _constant_reward_config(tmp_path, 2, checkpoint__save_interval="1")
+    in_process_loop(first).run()
+    resumed = _constant_reward_config(tmp_path, MAX_EMPTY + 3, checkpoint__save_interval="1")
+    loop = in_process_loop(resumed)
+    assert loop.restore() and loop.empty_streak == 2
+    with pytest.raises(NoSignalError, match=f"rollouts 0 to 2: dynamic sampling kept no group "
+                                            f"in {MAX_EMPTY} rollouts in a row"):
+        loop.run()
+    assert [r["rollout/empty_streak"] for r in metrics(resumed.job_dir)] == [1, 2, 3]

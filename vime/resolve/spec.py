@@ -129,6 +129,8 @@ class Rollout:
     # key is `async`, a Python keyword (spec_key)
     async_mode: str = field(default="off", metadata={"key": "async"})
     max_staleness: int = 1  # weight versions a trained sample may lag
+    # rollouts in a row that keep no group before the run stops (0: never)
+    dynamic_sampling_max_empty_rollouts: int = 10
 
     @property
     def sample_tokens(self) -> int:
@@ -224,6 +226,8 @@ class Algorithm:
     tis: bool
     tis_clip: float
     tis_clip_low: float
+    tis_level: str = "token"  # token | sequence | geometric
+    tis_mode: str = "truncate"  # truncate | mask
     tis_level: str = "token"  # token | sequence | geometric
     tis_mode: str = "truncate"  # truncate | mask
 
