@@ -332,8 +332,6 @@ class JobConfig:
                 tis_clip_low=float(algo.get("tis_clip_low", 0.0)),
                 tis_level=algo.get("tis_level", "token"),
                 tis_mode=algo.get("tis_mode", "truncate"),
-                tis_level=algo.get("tis_level", "token"),
-                tis_mode=algo.get("tis_mode", "truncate"),
                 # job folders compiled before these keys existed have none: the defaults
                 advantage_estimator=algo.get("advantage_estimator", "grpo"),
                 loss_aggregation=algo.get("loss_aggregation", "token-mean"),

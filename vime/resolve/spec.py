@@ -228,8 +228,6 @@ class Algorithm:
     tis_clip_low: float
     tis_level: str = "token"  # token | sequence | geometric
     tis_mode: str = "truncate"  # truncate | mask
-    tis_level: str = "token"  # token | sequence | geometric
-    tis_mode: str = "truncate"  # truncate | mask
 
 
 @dataclass(frozen=True)
