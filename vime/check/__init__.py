@@ -6,6 +6,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     cards,
     checkpoint,
     cluster,
+    data_files,
     dispatcher,
     engine_flags,
     files,
@@ -15,10 +16,12 @@ from vime.check import (  # noqa: F401  (registers rules)
     memory,
     model,
     moe,
+    quantization,
     rewards,
     rollout,
     runtime,
     scheduler,
+    wasteful,
 )
 from vime.check.registry import RULES, STAGE_CODES, Finding, explain, rule, run
 

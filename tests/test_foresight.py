@@ -1,0 +1,231 @@
+"""Held-out failure kinds (tests/fixtures/foresight/): `vime plan` of each spec reports the
+kind's code at its key, and the rule's explanation cites the public report the kind comes
+from. Beside each rule, correct but unusual specs that must stay clean of it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+from specsupport import ROOT, run_spec
+
+from vime import check, cli
+from vime.check.quantization import quantization
+
+FORESIGHT = ROOT / "tests" / "fixtures" / "foresight"
+CASES = tomllib.loads((FORESIGHT / "cases.toml").read_text())
+CONCISE = re.compile(r"^\S+:\d+:\d+: (?P<severity>error|warning)\[(?P<code>V\d+)\] (?P<key>\S+):")
+
+
+def plan_concise(spec: Path, capsys, *sets: str) -> list[tuple[str, str, str]]:
+    """(severity, code, key) of each diagnostic `vime plan --format concise` prints."""
+    argv = ["plan", str(spec), "--format", "concise"]
+    for item in sets:
+        argv += ["--set", item]
+    cli.main(argv)
+    out = capsys.readouterr()
+    return [(m["severity"], m["code"], m["key"]) for line in (out.out + out.err).splitlines()
+            if (m := CONCISE.match(line))]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_held_out_kind_is_caught_before_the_queue(name, capsys):
+    case = CASES[name]
+    found = plan_concise(FORESIGHT / name / "spec.toml", capsys)
+    assert (case["severity"], case["code"], case["key"]) in found, found
+    # no other error: the spec is otherwise one that runs
+    assert {c for s, c, _ in found if s == "error"} <= {case["code"]}, found
+    assert case["url"] in check.explain(case["code"]), "the rule cites the report"
+
+
+def test_every_case_folder_is_listed():
+    folders = {p.name for p in FORESIGHT.iterdir() if p.is_dir()}
+    assert folders == set(CASES)
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    """A case's folder in tmp_path, to change one file of it."""
+    target = tmp_path / name
+    shutil.copytree(FORESIGHT / name, target)
+    return target
+
+
+def _codes(spec: Path, *sets: str) -> set[str]:
+    result = run_spec(spec, sets)
+    assert result.ok, [(d.code, d.message) for d in result.diagnostics if d.severity == "error"]
+    return {d.code for d in result.diagnostics}
+
+
+def _with_config(folder: Path, **patch) -> None:
+    config = json.loads((folder / "model" / "config.json").read_text())
+    (folder / "model" / "config.json").write_text(json.dumps({**config, **patch}))
+
+
+# ---------------------------------------------------------------- V120-V122: quantization
+
+def test_quantization_read_from_config_json():
+    assert quantization({"quantization_config": {"quant_method": "fp8",
+                                                 "weight_block_size": [128, 128]}}).fp8_weights
+    awq = quantization({"quantization_config": {"quant_method": "awq", "bits": 4}})
+    assert awq.detail == "AWQ 4-bit" and not awq.fp8_weights
+    w4 = quantization({"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}}})
+    assert w4.detail == "compressed-tensors (int4 weights)" and not w4.fp8_weights
+    fp8_ct = quantization({"quantization_config": {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}}})
+    assert fp8_ct.fp8_weights
+    for plain in ({}, {"quantization_config": None}, {"quantization_config": {}},
+                  {"quantization_config": {"quant_method": ""}}):
+        assert quantization(plain) is None
+
+
+def test_quantized_names_the_bf16_release(tmp_path):
+    folder = _copy("fp8-checkpoint-as-actor-start", tmp_path)
+    (folder / "model").rename(folder / "Qwen3-30B-A3B-FP8")
+    result = run_spec(folder / "spec.toml", ['model.hf_checkpoint="Qwen3-30B-A3B-FP8"'])
+    (diag,) = [d for d in result.diagnostics if d.code == "V120"]
+    assert "(Qwen3-30B-A3B for Qwen3-30B-A3B-FP8)" in diag.help
+    assert "without their scales" in diag.message and result.plan is None
+
+
+@pytest.mark.parametrize("quantization_config", [None, {}])
+def test_config_json_without_a_method_is_bf16(tmp_path, quantization_config):
+    folder = _copy("fp8-checkpoint-as-actor-start", tmp_path)
+    _with_config(folder, quantization_config=quantization_config)
+    assert not {"V120", "V121"} & _codes(folder / "spec.toml")
+
+
+def test_fp8_kv_cache_on_bf16_weights_is_clean():
+    """--kv-cache-dtype=fp8 quantizes the cache, not the weights the push updates."""
+    spec = FORESIGHT / "moe-backend-for-fp8-experts" / "spec.toml"
+    assert not {"V120", "V121", "V122"} & _codes(spec, 'inference.moe_backend="triton"',
+                                                 'inference.extra_args=["--kv-cache-dtype=fp8"]')
+
+
+@pytest.mark.parametrize("backend, gpu", [("flashinfer_cutlass", "H100"),
+                                          ("flashinfer_cutlass", "B200"),
+                                          ("flashinfer_trtllm", "B200"),
+                                          ("batched_triton", "A100-80GB"),
+                                          ("auto", "H200")])
+def test_moe_backends_that_run_on_the_card_are_clean(backend, gpu):
+    spec = FORESIGHT / "moe-backend-for-fp8-experts" / "spec.toml"
+    assert "V122" not in {d.code for d in run_spec(
+        spec, [f'inference.moe_backend="{backend}"', f'cluster.gpu="{gpu}"']).diagnostics}
+
+
+def test_moe_backend_on_an_unknown_card_is_not_judged():
+    spec = FORESIGHT / "moe-backend-blackwell-only-on-h100" / "spec.toml"
+    result = run_spec(spec, ['cluster.gpu="MI300X"', "cluster.gpu_memory_gib=192"])
+    assert "V122" not in {d.code for d in result.diagnostics}
+
+
+# ---------------------------------------------------------------- V734-V736: the files
+
+def test_metadata_keys_every_record_has_are_clean(tmp_path):
+    folder = _copy("metadata-key-not-in-records", tmp_path)
+    rows = [dict(json.loads(line), extra_info={"level": 1})
+            for line in (folder / "prompts.jsonl").read_text().splitlines()]
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "V734" not in _codes(folder / "spec.toml")
+
+
+def test_metadata_key_missing_from_a_later_record_names_its_line(tmp_path):
+    folder = _copy("metadata-key-not-in-records", tmp_path)
+    rows = [json.loads(line) for line in (folder / "prompts.jsonl").read_text().splitlines()]
+    rows = [dict(r, extra_info={}) for r in rows[:3]] + rows[3:]
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_spec(folder / "spec.toml")
+    (diag,) = [d for d in result.diagnostics if d.code == "V734"]
+    assert "prompts.jsonl:4" in diag.message and "prompt, label" in diag.help
+
+
+def test_chat_template_in_its_own_file_is_found(tmp_path):
+    """transformers 5 saves the template as chat_template.jinja beside tokenizer_config.json."""
+    folder = _copy("base-model-without-chat-template", tmp_path)
+    (folder / "model" / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    assert "V735" not in _codes(folder / "spec.toml")
+
+
+def test_base_model_without_template_and_without_chat_template_is_clean():
+    spec = FORESIGHT / "base-model-without-chat-template" / "spec.toml"
+    assert "V735" not in _codes(spec, "data.apply_chat_template=false")
+
+
+def test_some_empty_labels_warn_with_the_share(tmp_path):
+    folder = _copy("labels-all-null", tmp_path)
+    rows = [json.loads(line) for line in (folder / "prompts.jsonl").read_text().splitlines()]
+    rows[0]["label"], rows[2]["label"] = "7", "15"
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_spec(folder / "spec.toml")
+    (diag,) = [d for d in result.diagnostics if d.code == "V736"]
+    assert diag.severity == "warning" and "2 of the first 4 records" in diag.message
+    assert result.ok
+
+
+def test_custom_reward_without_labels_is_clean(tmp_path):
+    """A reward of one's own (here a server) may score without labels."""
+    spec = FORESIGHT / "labels-all-null" / "spec.toml"
+    assert "V736" not in _codes(spec, 'rollout.reward="http://rewards.internal:8000/score"')
+
+
+# ---------------------------------------------------------------- V441, V442, V518, V525, V710
+
+@pytest.mark.parametrize("edit", [
+    ("n_samples_per_prompt = 8", "n_samples_per_prompt = 1"),  # greedy pass@1
+    ("temperature = 0.0", "temperature = 0.6"),  # pass@8 over sampled responses
+])
+def test_evaluations_that_measure_are_clean(edit, tmp_path):
+    folder = _copy("greedy-eval-pass-at-k", tmp_path)
+    spec = folder / "spec.toml"
+    assert edit[0] in spec.read_text()
+    spec.write_text(spec.read_text().replace(*edit))
+    assert "V525" not in _codes(spec)
+
+
+@pytest.mark.parametrize("sets", [
+    ["checkpoint.save_interval=300"],
+    ["rollout.num_rollout=40", "checkpoint.save_interval=1000"],  # a short run: one checkpoint
+])
+def test_checkpoint_cadences_that_keep_a_resume_point_are_clean(sets):
+    assert "V441" not in _codes(FORESIGHT / "checkpoint-only-at-end" / "spec.toml", *sets)
+
+
+@pytest.mark.parametrize("sets", [["checkpoint.on_corrupt=\"stop\""], ["checkpoint.keep_last=2"]])
+def test_keep_last_with_a_fallback_is_clean(sets):
+    assert "V442" not in _codes(FORESIGHT / "keep-last-one-fallback-previous" / "spec.toml", *sets)
+
+
+@pytest.mark.parametrize("config", [
+    '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}',
+    '{"method": "suffix", "num_speculative_tokens": 8}',
+])
+def test_speculation_without_draft_weights_is_clean(config):
+    spec = FORESIGHT / "speculative-mtp-draft" / "spec.toml"
+    assert "V518" not in _codes(spec, f"inference.extra_args=['--speculative-config={config}']")
+
+
+def test_eagle_draft_model_is_reported():
+    spec = FORESIGHT / "speculative-mtp-draft" / "spec.toml"
+    config = '{"method": "eagle3", "model": "/shared/eagle3-qwen3-30b", "num_speculative_tokens": 3}'
+    assert "V518" in _codes(spec, f"inference.extra_args=['--speculative-config={config}']")
+
+
+@pytest.mark.parametrize("sets", [
+    ['rollout.reward="http://rewards.cluster.internal:8000/score"'],
+    ['rollout.reward="http://10.0.3.17:8000/score"'],
+])
+def test_reward_servers_the_nodes_reach_are_clean(sets):
+    spec = FORESIGHT / "reward-server-localhost-two-nodes" / "spec.toml"
+    assert "V710" not in _codes(spec, *sets)
+
+
+def test_loopback_reward_in_a_one_node_job_is_clean():
+    """`vime submit --local` and a one-node job may run the server beside the driver."""
+    spec = ROOT / "specs" / "qwen3_30b.toml"
+    assert "V710" not in _codes(spec, 'rollout.reward="http://localhost:8000/score"')
