@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vime.importer import table
 from vime.importer.family import FAMILY_FLAGS, QWEN3, Family, family_arch, model_family
-from vime.importer.mapping import Finding, Mapped, Origin, map_flags
+from vime.importer.mapping import Finding, Mapped, Origin, map_flags, max_positions
 from vime.importer.shell import ARGV, Reading, Unknown, Word, read_script
 from vime.support import MODEL_TYPES
 
@@ -80,6 +80,7 @@ def import_words(words: list[Word], name: str, source: str, environ: dict[str, s
                                                else "vime import's default name"))
     _cluster(mapped, reading)
     _model(mapped)
+    max_positions(mapped, _config_json(mapped.values.get("model.hf_checkpoint")))
     _algorithm(mapped)
     _eval(mapped)
     _dynamic_sampling(mapped)

@@ -409,3 +409,73 @@ def _eplb_config(mapped: Mapped, config: dict, origin: Origin, item: Group) -> N
             mapped.report("V963", f"{item.flag}: {name} = {value!r} has no key in "
                           "[inference.eplb]", item.at, "vime sets num_redundant_experts, "
                           "window_size and step_interval")
+
+
+MAX_POSITIONS = "model.arch.max_position_embeddings"
+
+
+def max_positions(mapped: Mapped, config: dict | None) -> None:
+    """Where the imported spec's max_position_embeddings comes from, said in the report:
+    --max-position-embeddings, else the checkpoint's config.json (readable here), else the
+    preset, else --seq-length (the longest sequence the script trains, written to
+    [model.arch]); when nothing gives it, a warning that `vime plan` takes vime's default
+    (V104). Call after the model's keys are written (vime/importer/__init__.py's _model)."""
+    values = mapped.values
+    written = values.get(MAX_POSITIONS)
+    if written is not None:
+        origin = mapped.origins[MAX_POSITIONS]
+        if origin.flag.startswith("--"):
+            mapped.findings.append(Finding("V965", "note", f"{origin.flag}: "
+                                           f"max_position_embeddings = {written}",
+                                           origin.file, origin.line))
+        return
+    if not any(key.startswith("model.arch.") for key in values) and "model.preset" not in \
+            values and config is None:
+        return  # no architecture at all: `vime plan` says so (V101)
+    flag = mapped.flag_at.get("--max-position-embeddings")
+    given = mapped.words.get("--max-position-embeddings")
+    if flag is not None and "max_position_embeddings" not in mapped.arch:
+        return  # given with a value the reader could not know or convert: reported already
+    if "max_position_embeddings" in mapped.arch:  # given and agreeing: config.json or preset
+        value, origin = mapped.arch["max_position_embeddings"]
+        if any(f.code == "V968" and "max_position_embeddings" in f.message
+               for f in mapped.findings):
+            return  # contradicts config.json: said
+        mapped.findings.append(Finding("V965", "note", f"--max-position-embeddings "
+                                       f"{' '.join(given or ())}: max_position_embeddings = "
+                                       f"{value}", origin.file, origin.line))
+        return
+    if config is not None:
+        found = config.get("max_position_embeddings")
+        if isinstance(found, int) and not isinstance(found, bool):
+            mapped.findings.append(Finding(
+                "V965", "note", f"max_position_embeddings = {found} from the checkpoint's "
+                "config.json (the model args have no --max-position-embeddings)"))
+            return
+    elif "model.preset" in values:
+        from vime.resolve.model import PRESETS
+
+        found = PRESETS.get(str(values["model.preset"]), {}).get("max_position_embeddings")
+        if found is not None:
+            mapped.findings.append(Finding(
+                "V965", "note", f"max_position_embeddings = {found} from the preset "
+                f"{values['model.preset']} (the model args have no --max-position-embeddings)"))
+            return
+    else:
+        words = mapped.words.get("--seq-length", ())
+        at = mapped.flag_at.get("--seq-length")
+        if at is not None and len(words) == 1 and words[0].isdigit() and int(words[0]) > 0:
+            length = int(words[0])
+            mapped.set(MAX_POSITIONS, length, Origin(f"--seq-length {length}", at.file, at.line))
+            mapped.findings.append(Finding(
+                "V965", "note", f"--seq-length {length}: max_position_embeddings = {length}, "
+                "the longest sequence the script trains (the model args have no "
+                "--max-position-embeddings and config.json is not readable here)",
+                at.file, at.line, "write the checkpoint's own max_position_embeddings in "
+                "[model.arch] if its context is longer"))
+            return
+    mapped.findings.append(Finding(
+        "V963", "warning", "nothing gives max_position_embeddings: not the model args "
+        "(--max-position-embeddings), --seq-length or the checkpoint's config.json (not "
+        "readable here); `vime plan` takes vime's default, 2048 (V104)", "", 0,
+        "write [model.arch] max_position_embeddings = the checkpoint's context length"))
