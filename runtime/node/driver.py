@@ -224,7 +224,7 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
                             config=dict(config.resolved), print_fn=log)
     loop = loop_class(config)(config, train, rollout, sampler, tokenizer, reward_fn, metrics,
                               checkpoints, log=log, rollout_fn=rollout_fn,
-                              load_reward=load_reward)
+                              load_reward=load_reward, rewards_probed=True)
     restored = loop.restore()
     if resume and not restored:
         log(f"vime: asked to resume, but {config.load_dir} holds no checkpoint: starting fresh")

@@ -126,8 +126,12 @@ class GRPOLoop:
     def __init__(self, config: JobConfig, train, rollout, sampler: PromptSampler, tokenizer,
                  reward_fn: Callable, metrics: MetricsLogger, checkpoints: Checkpoints,
                  log: Callable[[str], None] = print, rollout_fn: Callable | None = None,
-                 load_reward: Callable[[str], Callable] = rewards.load):
+                 load_reward: Callable[[str], Callable] = rewards.load,
+                 rewards_probed: bool = False):
         self.config, self.train, self.rollout = config, train, rollout
+        # the builder asked the reward servers already (runtime/node/driver.py's run, before
+        # Ray): run() asks them no second time
+        self.rewards_probed = rewards_probed
         self.sampler, self.tokenizer, self.reward_fn = sampler, tokenizer, reward_fn
         self.metrics, self.checkpoints, self.log = metrics, checkpoints, log
         self.params = SamplingParams(
@@ -243,11 +247,15 @@ class GRPOLoop:
 
     def probe_rewards(self) -> None:
         """Ask each reward server (rollout.reward's, [[eval.datasets]]' rewards) for an
-        answer once, before anything is generated.
+        answer once, before anything is generated; nothing when the builder asked them
+        (rewards_probed).
 
         Raises:
             RewardError: a server refuses, cannot be reached or does not answer in time.
         """
+        if self.rewards_probed:
+            return
+        self.rewards_probed = True
         probed = set()
         for scorer in (self.score, *(s.reward_fn for s in self.evaluator.sets)):
             if scorer.name not in probed:
