@@ -300,3 +300,35 @@ def test_an_array_on_the_line_after_the_command_ended_gets_the_missing_backslash
     assert (hint.line, hint.code) == (173, "V960")
     assert "${MODEL_ARGS[@]} (--disable-bias-linear ...)" in hint.message
     assert "ends on line 172" in hint.message
+
+
+def test_the_loop_that_builds_moe_layer_freq_in_a_models_file_is_followed():
+    """slime's scripts/models/deepseek-v3.sh (and the Qwen3-MoE, Kimi-K2 and Moonlight files):
+    `for ((i=0; i<NLAYERS; i++)); do if (( i < FIRST_K_DENSE_REPLACE )); then arr+=(0) ...`
+    then `printf -v MOE_LAYER_FREQ "[%s]" "$(IFS=', '; echo "${arr[*]}")"`: the three dense
+    layers of DeepSeek-V3 reach [model.arch], where they were unknown."""
+    words = shlex_words(CORPUS / "slime" / "scripts" / "models" / "deepseek-v3.sh")
+    assert words[words.index("--moe-layer-freq") + 1] == "[" + ",".join(["0"] * 3 + ["1"] * 58) \
+        + "]"
+    path = CORPUS / "slime" / "scripts" / "run-deepseek-r1.sh"
+    result = import_script(path, path.read_text(), {"BASE_DIR": "/data"})
+    assert result.values["model.arch.mlp_only_layers"] == [0, 1, 2]
+    assert not [f for f in result.findings if "MOE_LAYER_FREQ" in f.message or
+                "for loop" in f.message]
+
+
+def test_a_loop_the_reader_cannot_count_leaves_what_it_sets_unknown():
+    from vime.importer.shell import Unknown, read_script
+
+    text = ('NLAYERS=$(nproc)\narr=()\nfor ((i=0; i<NLAYERS; i++)); do arr+=(1); done\n'
+            'for ((i=0; i<100000; i++)); do B=$i; done\n'
+            'for ((i=0; i<3; i+=1)); do if (( i == 1 )); then break; fi; C=$i; done\n'
+            'printf -v F "%5s" x\n'
+            'python3 train.py --a "${arr[*]}" --b "$B" --c "$C" --f "$F"\n')
+    reading = read_script(Path("/nonexistent/run.sh"), text, {})
+    values = [w.value for w in reading.argv]
+    assert all(isinstance(values[at], Unknown) for at in (1, 3, 5, 7)), values
+    said = [n.message for n in reading.notes]
+    assert any("cannot count" in m and "NLAYERS" in m for m in said), said
+    assert any("more than 4096 passes" in m for m in said)
+    assert any("printf -v F" in m for m in said)

@@ -3,9 +3,11 @@
 It follows assignments (scalars, arrays, `+=`), `export`, `source`/`.` of a file next to the
 script (with `VAR=value` before it), `${VAR:-default}` and friends, `${A[@]+"${A[@]}"}`, `$VAR`,
 `if`/`elif`/`else` on `[[ ]]`, `[ ]` and `(( ))` tests of known values, `$(seq a b c)`,
-`$(cd -- DIR && pwd)`, `$(dirname -- PATH)`, `$((...))` on known values, `read` of a
-here-string (`IFS=, read -r -a A <<< "$LIST"`), line continuations and comments inside
-arrays. Every other construct is a Note with its line, and a value that
+`$(cd -- DIR && pwd)`, `$(dirname -- PATH)`, `$([IFS=X;] echo ...)`, `$((...))` on known
+values, `for ((i=0; i<N; i++))` loops on known integers, `printf -v VAR FORMAT ...`, `read` of
+a here-string (`IFS=, read -r -a A <<< "$LIST"`), line continuations and comments inside
+arrays (builtins.py has the builtins' pure parts, sourcing.py where a sourced file is). Every
+other construct is a Note with its line, and a value that
 depends on one is Unknown (never a guess). The words after `train.py` on the last command that
 runs it are the flags the importer maps (`Reading.argv`).
 """
@@ -18,6 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from vime.importer.builtins import (
+    arith_for,
+    mapfile_target,
+    parse_read,
+    printf_format,
+    split_on_ifs,
+)
 from vime.importer.lexer import (
     ASSIGN,
     NAME,
@@ -37,6 +46,9 @@ SCRIPT_DIR_IDIOM = re.compile(r"^\s*cd\s+(--\s+)?\"?\$\(\s*dirname\s+(--\s+)?\"?
 # absolute path of known text (`cd` of a relative one depends on the working folder)
 CD_PWD = re.compile(r"\s*cd\s+(?:--\s+)?(?P<folder>.+?)\s*(?:(?:&|[12])?>>?\s*/dev/null\s*)*"
                     r"&&\s*pwd(?:\s+-[LP])?\s*", re.S)
+# $(IFS=', '; echo "${arr[*]}"): echo of words, an IFS assignment before it (no option)
+ECHO = re.compile(r"\s*(?:IFS=(?P<ifs>'[^']*'|\"[^\"$`\\]*\"|[^\s;'\"]*)\s*;\s*)?echo"
+                  r"(?:\s+(?P<words>(?!-)[^;&|<>`]*?))?\s*")
 DIRNAME = re.compile(r"\s*dirname\s+(?:--\s+)?(?P<path>.+?)\s*", re.S)
 TRAIN_ENTRY = re.compile(r"(^|/)train(_async)?\.py$")
 MAX_SOURCE_DEPTH = 4
@@ -45,6 +57,7 @@ MAX_SEQ = 100_000
 MAX_VALUE_CHARS = 1_000_000
 MAX_ARRAY_ITEMS = 100_000  # an array's elements (train.py's argv has a few hundred)
 MAX_STATEMENTS = 200_000  # statements read in all, sourced files included
+MAX_LOOP_PASSES = 4096  # passes of a for loop followed (a models file's loop runs once a layer)
 
 
 class _StopFile(Exception):
@@ -187,7 +200,11 @@ class Reader:
             name = array.group(1)
             if name in self.env.arrays:
                 items = list(self.env.arrays[name])
-                return " ".join(map(str, items)) if array.group(2) == "*" and quoted else items
+                if array.group(2) == "*" and quoted:  # one word, joined by IFS's first character
+                    ifs = self.env.scalars.get("IFS", " ")
+                    unknown = next((v for v in [ifs, *items] if isinstance(v, Unknown)), None)
+                    return unknown if unknown is not None else ifs[:1].join(items)
+                return items
             value = self.env.scalars.get(name)
             if value is None:
                 return []
@@ -288,6 +305,9 @@ class Reader:
                 return value
             if re.fullmatch(r"[-\d\s]+", value):
                 return self.command_subst("seq " + value, line)
+        echo = ECHO.fullmatch(command)
+        if echo:
+            return self.echo(echo, line)
         if SCRIPT_DIR_IDIOM.match(command):
             return str(self.script_dir)
         path_of = CD_PWD.fullmatch(command) or DIRNAME.fullmatch(command)
@@ -296,6 +316,20 @@ class Reader:
         shown = " ".join(command.split())
         shown = shown if len(shown) <= 48 else shown[:47] + "…"
         return Unknown(f"$({shown}) (line {line}) runs a command, which the reader does not do")
+
+    def echo(self, match: re.Match, line: int) -> str | Unknown:
+        """$([IFS=X;] echo WORDS): the words, joined by a blank (an IFS set before echo holds
+        in the subshell alone)."""
+        saved = self.env.scalars.get("IFS")
+        if match.group("ifs") is not None:
+            ifs = self.expand_text(match.group("ifs"), line) if match.group("ifs") else ""
+            self.env.scalars["IFS"] = ifs
+        try:
+            return self.expand_text(match.group("words") or "", line)
+        finally:
+            self.env.scalars.pop("IFS", None)
+            if saved is not None:
+                self.env.scalars["IFS"] = saved
 
     def path_command(self, match: re.Match, command: str, line: int) -> str | Unknown:
         """`cd -- DIR && pwd` and `dirname -- PATH` of one known word: the folder, computed
@@ -485,6 +519,9 @@ class Reader:
         first = tok.literal()
         if first in ("if",):
             return self.if_statement(toks, i, end, live)
+        if first == "for" and i + 2 < end and all(t.kind == "op" and t.text == "("
+                                                  for t in toks[i + 1:i + 3]):
+            return self.arith_loop(toks, i, end, live)
         if first in ("for", "while", "until", "case", "select", "function") or \
                 (tok.kind == "word" and i + 2 < end and toks[i + 1].kind == "op" and
                  toks[i + 1].text == "(" and toks[i + 2].kind == "op" and toks[i + 2].text == ")"):
@@ -613,12 +650,35 @@ class Reader:
         if command == "eval":
             self.note("V960", line, "eval is not followed")
             return
+        if command == "printf" and len(rest) >= 3 and rest[0].literal() == "-v":
+            self.printf_to(rest[1:], line)
+            return
         if command in ("printf", "mapfile", "readarray"):
             self.forget_assigned(words[k:])
         if command == "ray":
             self.ray_head(rest, line)
         shown = " ".join(t.raw for t in words[k:] if t.kind == "word")
         self.note("V961", line, f"not run: {shown[:100]}")
+
+    def printf_to(self, rest: list[Tok], line: int) -> None:
+        """`printf -v NAME FORMAT ARGS...`: NAME is what printf would print, when the format
+        and every argument are known (builtins.py's printf_format)."""
+        name = rest[0].literal() or ""
+        if not NAME.fullmatch(name):
+            self.note("V960", line, f"printf -v {rest[0].raw} is not followed")
+            return
+        fields = [f for tok in rest[1:] if tok.kind == "word" for f in self.expand_word(tok, line)]
+        unknown = next((f for f in fields if isinstance(f, Unknown)), None)
+        printed = None if unknown is not None or not fields else printf_format(fields[0],
+                                                                                fields[1:])
+        self.env.arrays.pop(name, None)
+        if printed is None:
+            why = unknown.why if unknown is not None else \
+                f"printf -v {name} (line {line}) uses a format the reader does not follow"
+            self.env.scalars[name] = Unknown(why)
+            self.note("V960", line, f"printf -v {name} is not followed: {why}")
+            return
+        self.env.scalars[name] = printed
 
     def ray_head(self, rest: list[Tok], line: int) -> None:
         """`ray start --head ... --num-gpus N`: the GPUs of the node the script runs on."""
@@ -637,7 +697,7 @@ class Reader:
         IFS (an IFS= before read, else the script's). From any other input (a pipe, a file,
         `< <(cmd)`) or a WORD the reader cannot know, the variables are unknown, said at the
         line: never silently empty."""
-        parsed = _parse_read(rest)
+        parsed = parse_read(rest)
         text: str | Unknown = Unknown("it reads a pipe, a file or an option the reader does "
                                       "not follow (only `<<< WORD` is read)")
         ifs: str | Unknown = self.env.scalars.get("IFS", " \t\n")
@@ -657,7 +717,7 @@ class Reader:
                       f"input the reader cannot know ({unknown.why}): unknown")
             return
         first_line = text.split("\n", 1)[0]
-        spans = _split_on_ifs(first_line, ifs)
+        spans = split_on_ifs(first_line, ifs)
         fields = [first_line[start:stop] for start, stop in spans]
         if parsed.array:
             name = parsed.targets[0]
@@ -911,6 +971,47 @@ class Reader:
             i += 1
         return end
 
+    def arith_loop(self, toks: list[Tok], i: int, end: int, live: bool) -> int:
+        """`for ((i=0; i<N; i++)); do BODY; done` (upstream's models files build
+        --moe-layer-freq so): on known integers the body is read once a pass, up to
+        MAX_LOOP_PASSES passes; any other loop is skipped, and what it sets is unknown."""
+        close = i + 3
+        while close + 1 < end and not all(t.kind == "op" and t.text == ")"
+                                          for t in toks[close:close + 2]):
+            close += 1
+        do = self._find_keyword(toks, close + 2, end, set(), {"do"})
+        done = self._find_keyword(toks, do + 1, end, set(), {"done"})
+        header = arith_for("".join(t.raw if t.kind == "word" else t.text
+                                   for t in toks[i + 3:close]))
+        if not live or header is None or done >= end or any(
+                t.literal() in ("break", "continue", "return", "exit") for t in toks[do:done]):
+            return self.skip_compound(toks, i, end, live)
+        line = toks[i].line
+        try:
+            value = self._arith_value(header.start, line)
+            said = len(self.reading.notes)
+            for _ in range(MAX_LOOP_PASSES):
+                self.env.arrays.pop(header.name, None)
+                self.env.scalars[header.name] = str(value)
+                if not self._arith_value(header.test, line):
+                    break
+                self.block(toks, do + 1, done, live=True)
+                step = self._arith_value(header.step, line)
+                value = step if header.step_op == "=" else \
+                    value + step if header.step_op == "+" else value - step
+            else:
+                self.note("V960", line, f"a for loop of more than {MAX_LOOP_PASSES} passes is "
+                          "not followed; the values it sets are unknown")
+                self.forget_assigned(toks[i:done + 1])
+            # a pass says what the one before it said
+            fresh = self.reading.notes[said:]
+            self.reading.notes[said:] = [n for k, n in enumerate(fresh) if n not in fresh[:k]]
+        except ArithUnknown as err:
+            self.note("V960", line, f"a for loop the reader cannot count: {err}; the values it "
+                      "sets are unknown")
+            self.forget_assigned(toks[i:done + 1])
+        return done + 1
+
     def skip_compound(self, toks: list[Tok], i: int, end: int, live: bool) -> int:
         first = toks[i].literal()
         if first in ("for", "while", "until", "select"):
@@ -949,8 +1050,8 @@ class Reader:
                     stop = next((j for j in range(k + 1, len(toks)) if toks[j].kind == "nl" or
                                  (toks[j].kind == "op" and toks[j].text in
                                   (";", "&", "&&", "||", "|", ";;"))), len(toks))
-                    names = _parse_read(toks[k + 1:stop]).targets if tok.literal() == "read" \
-                        else (_mapfile_target(toks[k + 1:stop]),)
+                    names = parse_read(toks[k + 1:stop]).targets if tok.literal() == "read" \
+                        else (mapfile_target(toks[k + 1:stop]),)
             for name in names:
                 if name and NAME.fullmatch(name):
                     why = Unknown(f"{name} is set on line {tok.line} by script the reader does "
@@ -1063,101 +1164,6 @@ class Reader:
                         "-lt": a < b, "-le": a <= b}[op]
         shown = " ".join(str(v) for v in values)
         return Unknown(f"the test `{shown[:60]}` (line {line}) is not one the reader follows")
-
-
-class ReadCommand(NamedTuple):
-    targets: tuple[str, ...]  # the variables `read` sets
-    array: bool  # -a: one array of the fields
-    here: Tok | None  # the word after <<<
-    plain: bool  # no input but a here-string, no option but -r -s -e -a -p -t
-
-
-def _parse_read(toks: list[Tok]) -> ReadCommand:
-    """The words after `read`: its options, the variables it sets and its here-string."""
-    names: list[str] = []
-    array_name: str | None = None
-    here: Tok | None = None
-    plain = True
-    k = 0
-    while k < len(toks):
-        tok = toks[k]
-        k += 1
-        if tok.kind == "op":
-            if tok.text == "<<<" and here is None and k < len(toks) and toks[k].kind == "word":
-                here = toks[k]
-                k += 1
-            else:
-                plain = False  # < FILE, < <(cmd), <<EOF, >: input the reader does not see
-            continue
-        text = tok.literal()
-        if tok.kind != "word" or text is None or tok.redirects:
-            plain = False
-            continue
-        if text.startswith("-") and len(text) > 1 and text != "--" and not names:
-            for at, letter in enumerate(text[1:], start=1):
-                if letter in "adinNptu":  # the options that take a value
-                    value = text[at + 1:]
-                    if not value and k < len(toks):
-                        value = toks[k].literal() or ""
-                        k += 1
-                    if letter == "a":
-                        array_name = value
-                    elif letter not in "pt":
-                        plain = False  # a delimiter, a count or a file descriptor
-                    break
-                if letter not in "rse":
-                    plain = False
-            continue
-        if text != "--":
-            names.append(text)
-    targets = (array_name,) if array_name is not None else tuple(names) or ("REPLY",)
-    targets = tuple(name for name in targets if NAME.fullmatch(name))
-    return ReadCommand(targets, array_name is not None and bool(targets), here, plain)
-
-
-def _mapfile_target(toks: list[Tok]) -> str:
-    """The array `mapfile`/`readarray` fills: the first word after its options."""
-    k = 0
-    while k < len(toks) and toks[k].kind == "word":
-        text = toks[k].literal() or ""
-        k += 1
-        if text.startswith("-") and len(text) > 1:
-            if text[-1] in "dnOsuCc" and len(text) == 2:  # an option whose value follows
-                k += 1
-            continue
-        return text
-    return "MAPFILE"
-
-
-def _split_on_ifs(text: str, ifs: str) -> list[tuple[int, int]]:
-    """Where bash's `read` finds fields in a line: IFS whitespace at either end is dropped,
-    a run of it separates; each other IFS character ends a field (so "a,,b" has an empty
-    second field, and a trailing one makes no field)."""
-    whitespace = "".join(c for c in ifs if c in " \t\n")
-    start, stop = 0, len(text)
-    while start < stop and text[start] in whitespace:
-        start += 1
-    while stop > start and text[stop - 1] in whitespace:
-        stop -= 1
-    spans: list[tuple[int, int]] = []
-    field_start, i = start, start
-    while i < stop:
-        c = text[i]
-        if c not in ifs:
-            i += 1
-            continue
-        spans.append((field_start, i))
-        j = i + 1
-        while j < stop and text[j] in whitespace:
-            j += 1
-        if c in whitespace and j < stop and text[j] in ifs:  # blanks around one delimiter
-            j += 1
-            while j < stop and text[j] in whitespace:
-                j += 1
-        field_start = i = j
-    if field_start < stop:
-        spans.append((field_start, stop))
-    return spans
 
 
 def _identity(path: Path) -> Path:
