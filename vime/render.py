@@ -10,6 +10,7 @@ from vime.layout import COORDINATES
 from vime.plan import Plan
 from vime.plan.evidence import KINDS, LEGEND, MARKS
 from vime.plan.memory import RAY_OBJECT_STORE_FRACTION
+from vime.plan.stages import describe_split
 from vime.plan.torch_memory import torch_memory, uses_torch_backend
 from vime.words import count_unit, plural
 
@@ -223,6 +224,7 @@ def plan_text(plan: Plan) -> str:
         out += ([f"{line} {origin}"] if len(line) + len(origin) < 100
                 else [line, f"              {origin}"])
     out.append(f"  micro-batches: {_sequence_path(spec)}")
+    out += _pipeline_lines(plan)
     rollout = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
     out += ["", f"{rollout} rollout: {plural(len(plan.engines), 'engine')} of "
             f"{plural(spec.inference.gpus_per_engine, 'GPU')}"]
@@ -348,6 +350,58 @@ def pass_at_ks(n: int) -> list[int]:
     return ks if ks[-1] == n else [*ks, n]
 
 
+def _pipeline_lines(plan: Plan) -> list[str]:
+    """The stages (pp > 1): their layers, the 1F1B schedule's micro-batches and its bubble,
+    and the busiest stage's training peak."""
+    pipe = plan.pipeline
+    if pipe is None:
+        return []
+    spec, stages = plan.spec, pipe.stages
+    out = [f"  pipeline: {pipe.pp} stages of {describe_split(tuple(s.num_layers for s in stages))} layers "
+           "(1F1B); stage 0 holds the embeddings,",
+           f"    stage {pipe.pp - 1} the final norm, the output layer and the loss head"]
+    if pipe.micro_batches is not None:
+        m, p = pipe.micro_batches, pipe.pp
+        out += [f"    m = {plural(m, 'micro-batch', 'micro-batches')} per step per dp rank = "
+                f"global batch {spec.train.global_batch_size} ÷ (micro batch "
+                f"{spec.train.micro_batch_size} × dp {plan.layout.dp});",
+                f"    the stages idle (p − 1) ÷ (m + p − 1) = {p - 1} ÷ {m + p - 1} = "
+                f"{pipe.bubble:.0%} of a step"]
+    else:
+        out += [f"    dynamic_batch: micro-batches of ≤ {spec.train.max_tokens_per_gpu} tokens, "
+                "as many as each step needs; every rank",
+                "    runs the most any rank packs (all-reduced, as slime does): one schedule for "
+                "every stage;",
+                f"    ≤ {pipe.most_micro_batches} per step per dp rank, "
+                f"{pipe.full_length_micro_batches} with every sample at full length "
+                f"(fewer than {pipe.pp} idle stages)"]
+    mem = plan.memory
+    if mem is not None and mem.stages:
+        busiest = mem.stages[mem.busiest_stage].stage
+        what = [f"layers {busiest.first_layer}–{busiest.last_layer}"]
+        what += ["the embeddings"] * busiest.embedding + ["the loss head"] * busiest.output
+        out.append(f"    busiest stage: {busiest.index}, training peak "
+                   f"{mem.train.peak / 1024**3:.1f} GiB ({', '.join(what)}; "
+                   f"{plural(busiest.in_flight, 'micro-batch', 'micro-batches')} in flight)")
+    return out
+
+
+def _stage_peaks_lines(mem) -> list[str]:
+    """Which pipeline stage the train lines are of, and every stage's peak (the first and last
+    six of a long pipeline)."""
+    peaks = [f"{m.stage.index}: {m.peak / 1024**3:.1f}," for m in mem.stages]
+    if len(peaks) > 12:
+        peaks = [*peaks[:6], "…", *peaks[-6:]]
+    peaks[-1] = peaks[-1].rstrip(",")
+    lines, line = [], f"    (pipeline stage {mem.busiest_stage}, the busiest; each stage's peak in GiB:"
+    for part in peaks:
+        if len(line) + len(part) + 2 > WIDTH:
+            lines.append(line)
+            line = "     "
+        line += f" {part}"
+    return [*lines, line + ")"]
+
+
 def _forecast_text(plan: Plan) -> list[str]:
     found = plan.forecast
     if found is None:
@@ -395,6 +449,8 @@ def _memory_text(plan: Plan) -> list[str]:
         out.append(f"  {phase.name:<8} peak {phase.peak / gib:6.1f} GiB, "
                    f"headroom {phase.headroom:.0%}; the peak by basis: "
                    + " ".join(f"{MARKS[k]} {shares[k] / gib:.1f}" for k in KINDS) + " GiB")
+        if phase is mem.train and len(mem.stages) > 1:
+            out += _stage_peaks_lines(mem)
         for term in phase.terms:
             line = f"    {term.name:<18}{term.bytes / gib:7.1f} {term.basis.mark} {term.note}".rstrip()
             out.append(line if len(line) <= WIDTH else line[: WIDTH - 1] + "…")

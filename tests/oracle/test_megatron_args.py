@@ -134,6 +134,8 @@ def _rejects(argv: list[str], world_size: int) -> bool:
         megatron_parse(argv, world_size)
     except (AssertionError, ValueError, RuntimeError):
         return True
+    except SystemExit:  # argparse: a flag Megatron does not know (allow_abbrev=False)
+        return True
     return False
 
 
@@ -208,3 +210,94 @@ def test_a_forced_layer_spec_reaches_megatrons_transformer_impl(impl):
     result = plan(SEED, [f'train.transformer_impl="{impl}"'])
     assert result.ok
     assert megatron_parse(argv_of(result), result.spec.train.num_gpus).transformer_impl == impl
+
+
+# Pipelines: 48 layers over pp 2, and 94 (Qwen3-235B-A22B's) over pp 4 as the upstream script
+# run-qwen3-235B-A22B.sh splits them (--decoder-last-pipeline-num-layers 22), and with an
+# uneven first stage too.
+PIPELINES = {
+    "pp2": ["train.parallel.tp=2", "train.parallel.pp=2", "train.parallel.ep=4"],
+    "pp4-last22": ["cluster.nodes=4", "train.parallel.tp=2", "train.parallel.pp=4",
+                   "train.parallel.ep=8", "model.arch.num_hidden_layers=94",
+                   "train.parallel.last_stage_layers=22"],
+    "pp4-first23-last23": ["cluster.nodes=4", "train.parallel.tp=2", "train.parallel.pp=4",
+                           "train.parallel.ep=8", "model.arch.num_hidden_layers=94",
+                           "train.parallel.first_stage_layers=23",
+                           "train.parallel.last_stage_layers=23"],
+    "pp2-first20": ["train.parallel.tp=2", "train.parallel.pp=2", "train.parallel.ep=4",
+                    "train.parallel.first_stage_layers=20"],
+}
+
+
+@pytest.mark.parametrize("sets", PIPELINES.values(), ids=PIPELINES)
+def test_pipeline_stages_are_megatrons(sets):
+    """Megatron reads vime's pipeline flags back as the plan's stages: the layers each stage
+    builds (get_num_layers_to_build) and where they start (get_transformer_layer_offset)."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    result = plan(SEED, sets)
+    assert result.ok, [(d.code, d.message) for d in result.diagnostics if d.severity == "error"]
+    args = megatron_parse(argv_of(result), result.spec.train.num_gpus)
+    par = result.spec.train.parallel
+    assert args.pipeline_model_parallel_size == par.pp
+    assert args.decoder_first_pipeline_num_layers == par.first_stage_layers
+    assert args.decoder_last_pipeline_num_layers == par.last_stage_layers
+    config = core_transformer_config_from_args(args)
+    stages = result.plan.pipeline.stages
+    assert [get_num_layers_to_build(config, pp_rank=s.index) for s in stages] == [
+        s.num_layers for s in stages]
+    assert [get_transformer_layer_offset(config, pp_rank=s.index) for s in stages] == [
+        s.first_layer for s in stages]
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--decoder-last-pipeline-num-layers", "23"),  # 94 − 23 = 71 over 3 stages
+    ("--decoder-last-pipeline-num-layers", "97"),  # beyond the layers: 94 − 97 = −3 over 3
+    ("--decoder-first-pipeline-num-layers", "0"),
+])
+def test_megatron_rejects_a_wrong_pipeline_split(flag, value):
+    good = plan(SEED, PIPELINES["pp4-last22"])
+    argv = argv_of(good)
+    assert not _rejects(argv, good.spec.train.num_gpus)
+    broken = _replace(argv, flag, value)
+    if value == "97":  # megatron-core's modulo lets a negative rest through: no stage builds it
+        from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+        args = megatron_parse(broken, good.spec.train.num_gpus)
+        config = core_transformer_config_from_args(args)
+        assert get_num_layers_to_build(config, pp_rank=1) < 0
+    else:
+        assert _rejects(broken, good.spec.train.num_gpus)
+    key = {"--decoder-last-pipeline-num-layers": "train.parallel.last_stage_layers",
+           "--decoder-first-pipeline-num-layers": "train.parallel.first_stage_layers"}[flag]
+    again = plan(SEED, [*PIPELINES["pp4-last22"], f"{key}={value}"])
+    assert not again.ok
+
+
+@pytest.mark.parametrize("wrong", [
+    ["--decoder-last-pipeline-layers", "22"],  # a misspelt flag
+    ["--decoder-last-pipeline", "22"],  # an abbreviation: Megatron's parser takes none
+])
+def test_the_oracle_fails_a_flag_megatron_does_not_know(wrong):
+    good = plan(SEED, PIPELINES["pp4-last22"])
+    argv = [t for t in argv_of(good) if t not in ("--decoder-last-pipeline-num-layers", "22")]
+    assert not _rejects(argv_of(good), good.spec.train.num_gpus)
+    assert _rejects([*argv, *wrong], good.spec.train.num_gpus)
+    with pytest.raises(SystemExit):
+        megatron_parse([*argv, *wrong], good.spec.train.num_gpus)
+
+
+def test_pipeline_weights_and_optimizer_agree_with_megatrons_first_stage():
+    """theoretical_memory_usage's most loaded shard is the first stage: layers ÷ pp and the
+    word embeddings; vime's stage 0 of an even split holds the same (its final norm aside)."""
+    from vime.plan.memory import stage_shard
+
+    result = plan(SEED, PIPELINES["pp2"] + ["cluster.gpu=H200", "train.optimizer.cpu_offload=false",
+                                           "train.optimizer.overlap_cpu_optimizer_d2h_h2d=false"])
+    assert result.ok
+    args = megatron_parse(argv_of(result), result.spec.train.num_gpus)
+    first = stage_shard(result.spec, result.plan.pipeline.stages[0])
+    dp, edp = result.plan.layout.dp, result.plan.layout.edp
+    vime = (first.dense * (6 + 12 / dp) + first.expert * (6 + 12 / edp)) / GiB
+    assert vime == pytest.approx(tmu.compute_weight_and_optimizer_memory(args) / GiB, rel=2e-3)

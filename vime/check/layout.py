@@ -7,7 +7,16 @@ import math
 from vime import schema
 from vime.check.model import unsupported_features
 from vime.check.registry import Finding, rule
+from vime.plan.stages import (
+    bubble_fraction,
+    describe_split,
+    micro_batches_per_step,
+    most_micro_batches,
+    spec_split,
+    split_layers,
+)
 from vime.resolve.spec import Spec
+from vime.words import plural
 
 
 def divisors(n: int) -> list[int]:
@@ -178,21 +187,96 @@ def tp_vs_kv_heads(spec: Spec):
                       help=f"tp = {tp_fix(spec)}" if tp_fix(spec) else f"tp = {kv} or a divisor of it")
 
 
+def _uneven_fix(spec: Spec) -> str | None:
+    """The written first/last stage key changed as little as makes the split valid, else (no
+    key written) the last stage given the rest after ⌈layers ÷ pp⌉ on every other stage."""
+    par, layers = spec.train.parallel, spec.arch.num_layers
+    first, last = par.first_stage_layers, par.last_stage_layers
+    options = []  # (distance from the written value, key, value, split)
+    if first is None and last is None:
+        each = -(-layers // par.pp)
+        rest = layers - each * (par.pp - 1)
+        split = split_layers(layers, par.pp, None, rest) if rest >= 1 else None
+        if split is not None and not split.problem:
+            options.append((0, "last_stage_layers", rest, split))
+    for key, written in (("first_stage_layers", first), ("last_stage_layers", last)):
+        if written is None:
+            continue
+        for value in range(1, layers):
+            split = split_layers(layers, par.pp, value if key == "first_stage_layers" else first,
+                                 value if key == "last_stage_layers" else last)
+            if not split.problem:
+                options.append((abs(value - written), key, value, split))
+    if not options:
+        return None
+    _, key, value, split = min(options, key=lambda o: (o[0], o[1] != "last_stage_layers", -o[2]))
+    return f"{key} = {value} ({describe_split(split.layers)} layers)"
+
+
 @rule("V205", "pp-divides-layers", enforced_by="megatron", needs_arch=True)
 def pp_divides_layers(spec: Spec):
-    """Pipeline parallelism must divide the decoder layers (no uneven pipeline set up).
+    """The pipeline's stages must split the decoder layers.
 
-    `validate_args` asserts "Number of layers should be divisible by the
-    pipeline-model-parallel size" unless an uneven split
-    (--decoder-first/last-pipeline-num-layers) is given, which vime does not emit.
-    Fix: a pp that divides the number of layers."""
-    layers, pp = spec.arch.num_layers, spec.train.parallel.pp
-    if layers % pp:
+    Without train.parallel.first_stage_layers / last_stage_layers every stage builds
+    layers ÷ pp: `validate_args` asserts "Number of layers should be divisible by the
+    pipeline-model-parallel size". With either (--decoder-first-pipeline-num-layers,
+    --decoder-last-pipeline-num-layers) those stages build what is given and the layers left
+    split evenly over the stages between, at least one each; with no stage between, first and
+    last add up to the layers. megatron-core 0.19.2's `TransformerConfig.__post_init__` raises
+    "ValueError: number of layers at middle stage: N must be divisible bythe middle pipeline
+    model parallel size M" or "ValueError: Mismatch: N middle layers remaining but M middle PP
+    stages available." when the actors build the model, after the queue wait; a first + last
+    beyond the layers may pass its modulo (94 − 97 = −3 over 3 middle stages) and build no
+    model. vime emits neither --account-for-embedding/loss-in-pipeline-split nor
+    --pipeline-model-parallel-layout (which Megatron refuses beside the uneven stages) nor a
+    virtual pipeline.
+    Fix: a pp that divides the layers, or an uneven first or last stage whose rest splits
+    evenly: 94 layers over pp = 4 as 24 + 24 + 24 + 22 is last_stage_layers = 22."""
+    par = spec.train.parallel
+    layers, pp = spec.arch.num_layers, par.pp
+    uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
+    if uneven and pp < 2:
+        return  # V209's
+    split = spec_split(spec)
+    if not split.problem:
+        return
+    fixes = [_megatron_pp_fix(spec, lambda _: True)] if not uneven else []
+    if not uneven:
         good = [d for d in divisors(layers) if d < pp]
-        yield Finding("train.parallel.pp",
-                      f"pp = {pp} does not divide the model's {layers} layers",
-                      help=_megatron_pp_fix(spec, lambda _: True)
-                      or (f"pp = {max(good)}" if good else "pp = 1"))
+        fixes.append(f"pp = {max(good)}" if good else "pp = 1")
+    fixes.append(_uneven_fix(spec))
+    help_line = "; or ".join(dict.fromkeys(f for f in fixes if f)) or "pp = 1"
+    if not uneven:
+        yield Finding("train.parallel.pp", f"pp = {pp} does not divide the model's {layers} layers",
+                      help=help_line)
+        return
+    written = [f"train.parallel.{name}" for name in ("first_stage_layers", "last_stage_layers")
+               if getattr(par, name) is not None]
+    yield Finding(written[0], f"the pipeline's stages do not split the model's layers: "
+                  f"{split.problem}", help=help_line,
+                  related=("train.parallel.pp", *written[1:]))
+
+
+@rule("V209", "uneven-stages-need-pp", enforced_by="megatron")
+def uneven_stages_need_pp(spec: Spec):
+    """train.parallel.first_stage_layers and last_stage_layers need a pipeline (pp ≥ 2).
+
+    They set the layers of the first and last pipeline stage (--decoder-first-pipeline-num-
+    layers, --decoder-last-pipeline-num-layers). With pp = 1 the one stage is both, and
+    megatron-core 0.19.2's `TransformerConfig.__post_init__` raises "ValueError: Mismatch: N
+    middle layers remaining but 0 middle PP stages available." unless the count given is every
+    layer, when the key does nothing.
+    Fix: remove first_stage_layers and last_stage_layers, or set train.parallel.pp ≥ 2."""
+    par = spec.train.parallel
+    if par.pp >= 2:
+        return
+    for name in ("first_stage_layers", "last_stage_layers"):
+        if getattr(par, name) is not None:
+            yield Finding(f"train.parallel.{name}",
+                          f"{name} = {getattr(par, name)} with pp = {par.pp}: there is one "
+                          "pipeline stage, so no first or last stage to size",
+                          help=f"remove train.parallel.{name}, or set train.parallel.pp ≥ 2",
+                          related=("train.parallel.pp",))
 
 
 @rule("V206", "sequence-parallel-needs-tp", severity="warning", enforced_by="megatron")
@@ -343,3 +427,51 @@ def precision_aware_without_offload_needs_te(spec: Spec):
                       "every node, install transformer-engine in the job's environment, or set "
                       "precision_aware = false",
                       related=("train.optimizer.cpu_offload", "train.transformer_impl"))
+
+
+def _micro_batch_fix(spec: Spec, pp: int) -> str:
+    """A micro_batch_size that gives every stage work, else the global batch that does."""
+    train, dp = spec.train, spec.derived.dp
+    per_rank = train.global_batch_size // dp
+    fits = [size for size in divisors(per_rank) if per_rank // size >= pp]
+    if fits and not train.dynamic_batch:
+        size = max(fits)
+        return (f"micro_batch_size = {size} ({per_rank // size} micro-batches of the "
+                f"{per_rank} samples per dp rank)")
+    return (f"a global batch of at least pp × dp = {pp} × {dp} = {pp * dp} samples "
+            "(fewer steps_per_rollout, or more rollout.batch_size), or a smaller pp")
+
+
+@rule("V216", "micro-batches-fill-the-pipeline", severity="warning", enforced_by="vime")
+def micro_batches_fill_the_pipeline(spec: Spec):
+    """A step has fewer micro-batches than pipeline stages: some stages idle.
+
+    Megatron's 1F1B schedule (megatron/core/pipeline_parallel/schedules.py) passes each
+    micro-batch through the pp stages one after the other; a step of m micro-batches on each
+    data-parallel rank (global batch ÷ (micro_batch_size × dp)) keeps the stages idle
+    (pp − 1) ÷ (m + pp − 1) of its time, and with m < pp some stages never work beside the
+    others. Megatron runs it without a word. With dynamic_batch each step packs its own
+    count (at most one micro-batch a sample), so this warns only when even one sample a
+    micro-batch leaves stages idle; `vime plan` states the count at full length.
+    Fix: more micro-batches per step: a smaller micro_batch_size, a larger global batch
+    (fewer train.steps_per_rollout, a larger rollout.batch_size), or a smaller pp."""
+    pp = spec.train.parallel.pp
+    if pp < 2 or spec.derived.dp < 1:
+        return
+    static = micro_batches_per_step(spec)
+    train = spec.train
+    if static is not None and train.global_batch_size % (train.micro_batch_size * spec.derived.dp):
+        return  # V402's: the batch does not split into micro-batches at all
+    count = static if static is not None else most_micro_batches(spec)
+    if count >= pp:
+        return
+    bubble = bubble_fraction(pp, count)
+    what = (plural(count, "micro-batch", "micro-batches") + " per step" if static is not None
+            else plural(count, "sample") + " per step, at most one micro-batch each "
+            "(dynamic_batch),")
+    yield Finding("train.micro_batch_size" if static is not None else "train.global_batch_size",
+                  f"{what} on each dp rank for pp = {pp} stages: the pipeline idles "
+                  f"(pp − 1) ÷ (m + pp − 1) = {pp - 1} ÷ {count + pp - 1} = {bubble:.0%} of "
+                  "each step", help=_micro_batch_fix(spec, pp),
+                  related=("train.parallel.pp", "train.global_batch_size" if static is not None
+                           else "train.dynamic_batch"))

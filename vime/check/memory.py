@@ -29,8 +29,8 @@ def _train_fixes(spec: Spec, over: float) -> str:
         fixes.append('train.recompute = "full"')
     if spec.train.dynamic_batch and backward_bound:
         tokens = spec.train.max_tokens_per_gpu
-        per_token = (terms["activations"] + terms.get("uneven routing", 0.0)
-                     + loss_head(spec, tokens).token_bytes) / tokens
+        head = loss_head(spec, tokens).token_bytes if "logits" in terms else 0.0
+        per_token = (terms["activations"] + terms.get("uneven routing", 0.0) + head) / tokens
         smaller = int((spec.train.max_tokens_per_gpu * per_token - over) / per_token)
         if smaller > 0:
             fixes.append(f"max_tokens_per_gpu ≤ {smaller // 1024 * 1024}")
@@ -71,6 +71,10 @@ def train_memory_fits(spec: Spec):
     At run time this is "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
     in the first training step, after the queue wait and the model load. A warning means
     less than 10% headroom: real runs vary with sequence lengths and routing imbalance.
+    With pipeline parallelism (pp > 1) each stage is judged by its own layers, the embeddings
+    on the first, the output layer and the loss head on the last, and the activations of the
+    micro-batches it holds at once under the 1F1B schedule (stage i of pp holds up to pp − i:
+    megatron/core/pipeline_parallel/schedules.py's warm-up), and the busiest stage is named.
     The breakdown is in `vime plan`, each line marked by what it was checked against (● a GPU
     measurement, ◐ the CPU only, ○ the model's estimate; `plan --json` names the measurement and
     the error seen): the less of the peak is ●, the less a small headroom means.
@@ -81,14 +85,16 @@ def train_memory_fits(spec: Spec):
     if plan is None:
         return
     phase = plan.train
+    where = (f" on pipeline stage {plan.busiest_stage}, the busiest of {len(plan.stages)}"
+             if len(plan.stages) > 1 else "")
     if phase.peak > phase.capacity:
-        yield Finding("train", f"training needs {_gib(phase.peak)} per GPU but "
+        yield Finding("train", f"training needs {_gib(phase.peak)} per GPU{where} but "
                       f"{a(spec.cluster.gpu)} has {_gib(phase.capacity)}",
                       help=_train_fixes(spec, phase.peak - phase.capacity),
                       related=("train.optimizer.cpu_offload", "train.max_tokens_per_gpu"))
     elif phase.headroom < HEADROOM_WARNING:
         yield Finding("train", f"training needs {_gib(phase.peak)} of "
-                      f"{_gib(phase.capacity)} per GPU: {phase.headroom:.0%} headroom",
+                      f"{_gib(phase.capacity)} per GPU{where}: {phase.headroom:.0%} headroom",
                       severity="warning", help=_train_fixes(spec, 0.1 * phase.capacity))
 
 

@@ -58,6 +58,10 @@ def megatron_args(plan: Plan) -> list[list[str]]:
     ]
     if par.sequence_parallel and par.tp > 1:
         args.append(["--sequence-parallel"])
+    if par.first_stage_layers is not None:
+        args.append(["--decoder-first-pipeline-num-layers", str(par.first_stage_layers)])
+    if par.last_stage_layers is not None:
+        args.append(["--decoder-last-pipeline-num-layers", str(par.last_stage_layers)])
     args += [
         ["--num-layers", str(arch.num_layers)],
         ["--hidden-size", str(arch.hidden_size)],

@@ -68,6 +68,8 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
         # {"rank", "node", "gpu", then ActorRank.coords: tp, cp, dp, pp, ep, etp, edp}
         "ranks": Rows(list(ranks), list(ranks.values())),
     }
+    if plan.pipeline is not None:
+        out["train"]["pipeline"] = _pipeline(plan)
     count = len(engines)
     nodes, gpus = engines.gpu_columns()
     out["rollout"] = {
@@ -96,6 +98,26 @@ def plan_object(spec_name: str, diagnostics: list[Diagnostic], spec: Spec | None
     out["colocation"] = _colocation(plan)
     out["forecast"] = _forecast(plan)
     return out
+
+
+def _pipeline(plan: Plan) -> dict:
+    """The stages (pp > 1): each one's layers, what it holds beside them, the micro-batches in
+    flight at 1F1B's peak and its training peak; the step's micro-batches and bubble."""
+    pipe, mem = plan.pipeline, plan.memory
+    peaks = {m.stage.index: m.peak for m in mem.stages} if mem is not None else {}
+    return {
+        "schedule": "1F1B",
+        "stages": [{"stage": s.index, "first_layer": s.first_layer, "num_layers": s.num_layers,
+                    "moe_layers": s.num_moe_layers, "embedding": s.embedding,
+                    "output_layer": s.output, "in_flight_micro_batches": s.in_flight,
+                    "train_peak_gib": _gib(peaks[s.index]) if s.index in peaks else None}
+                   for s in pipe.stages],
+        "busiest_stage": mem.busiest_stage if mem is not None else None,
+        "micro_batches_per_step": pipe.micro_batches,
+        "most_micro_batches_per_step": pipe.most_micro_batches,
+        "full_length_micro_batches_per_step": pipe.full_length_micro_batches,
+        "bubble_fraction": None if pipe.bubble is None else round(pipe.bubble, 4),
+    }
 
 
 def _forecast(plan: Plan) -> dict | None:
@@ -159,6 +181,7 @@ def _memory(plan: Plan) -> dict | None:
     return {
         "gpu_gib": _gib(mem.gpu_bytes),
         "train_peak_gib": _gib(mem.train.peak),
+        **({"train_busiest_stage": mem.busiest_stage} if len(mem.stages) > 1 else {}),
         "rollout_peak_gib": _gib(roll.phase.peak),
         "host_gib_per_node": _gib(mem.host_per_node),
         "host_memory_gib": _gib(mem.host_capacity) if mem.host_capacity is not None else None,

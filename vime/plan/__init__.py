@@ -18,6 +18,7 @@ from vime.plan.colocation import Colocation, plan_colocation
 from vime.plan.forecast import Forecast, step_forecast
 from vime.plan.memory import MemoryPlan, memory_plan
 from vime.plan.placement import Gpu, actor_layout, gpu_at, gpu_columns, rollout_start
+from vime.plan.stages import Pipeline, pipeline
 from vime.resolve.spec import Spec
 
 
@@ -160,6 +161,7 @@ class Plan:
     memory: MemoryPlan | None
     colocation: Colocation | None = None  # None when actor and engines have GPUs of their own
     forecast: Forecast | None = None  # seconds per rollout by phase; None without a memory plan
+    pipeline: Pipeline | None = None  # the stages and their micro-batches; None at pp = 1
 
     @functools.cached_property
     def groups(self) -> dict[str, list[list[int]]]:
@@ -208,4 +210,5 @@ def plan(spec: Spec) -> Plan:
     memory = memory_plan(spec)
     sharing = plan_colocation(spec, memory)
     return Plan(spec, layout, Ranks(layout, spec.cluster.gpus_per_node), _engines(spec),
-                _batch(spec), memory, sharing, step_forecast(spec, memory, sharing))
+                _batch(spec), memory, sharing, step_forecast(spec, memory, sharing),
+                pipeline(spec))

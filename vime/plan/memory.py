@@ -16,6 +16,7 @@ from vime import flags
 from vime.plan import evidence
 from vime.plan.evidence import Basis
 from vime.plan.placement import actor_layout
+from vime.plan.stages import Stage, stages
 from vime.plan.torch_memory import TorchMemory, torch_memory, uses_torch_backend  # noqa: F401
 from vime.resolve.model import Arch
 from vime.resolve.spec import Spec
@@ -97,12 +98,20 @@ class Rollout:
 
 
 @dataclass(frozen=True)
+class StageMemory:
+    stage: Stage
+    peak: float  # bytes of its training step on one of its GPUs
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     gpu_bytes: float
-    train: Phase
+    train: Phase  # the busiest pipeline stage's (the only stage's at pp = 1)
     rollout: Rollout
     host_terms: tuple[Term, ...] = field(default=())
     host_capacity: float | None = None
+    stages: tuple[StageMemory, ...] = ()  # every pipeline stage's peak, first to last
+    busiest_stage: int = 0  # the stage whose phase is `train`: the highest peak, the first on a tie
 
     @property
     def host_per_node(self) -> float:
@@ -119,7 +128,7 @@ def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
 
 @dataclass(frozen=True)
 class ActorShard:
-    """Parameters held by the most loaded actor GPU, split by how the optimizer shards them."""
+    """Parameters held by one actor GPU, split by how the optimizer shards them."""
 
     dense: float  # tp-sharded and replicated dense parameters (optimizer shard: dp × cp)
     expert: float  # routed experts (optimizer shard: edp)
@@ -129,20 +138,44 @@ class ActorShard:
         return self.dense + self.expert
 
 
-def actor_shard(spec: Spec) -> ActorShard:
+def _shard(spec: Spec, layers: float, moe_layers: float, embeddings: int,
+           final_norm: bool) -> ActorShard:
+    """One GPU's parameters for `layers` decoder layers (`moe_layers` of them MoE), `embeddings`
+    vocabulary matrices (word embeddings, output layer) and the final norm where it is held."""
     arch, par = spec.arch, spec.train.parallel
-    layers = arch.num_layers / par.pp
-    moe_layers = arch.num_moe_layers / par.pp
     dense_layers = layers - moe_layers
     vocab = padded_vocab(arch.vocab_size, par.tp)
-    embeddings = (1 if arch.tie_word_embeddings or par.pp > 1 else 2) * arch.hidden_size * vocab
     tp_sharded = ((arch.attention_params - arch.attention_replicated_params) * layers
                   + arch.dense_mlp_params * dense_layers
-                  + arch.shared_expert_params * moe_layers + embeddings) / par.tp
+                  + arch.shared_expert_params * moe_layers
+                  + embeddings * arch.hidden_size * vocab) / par.tp
     replicated = (2 * arch.hidden_size * layers + arch.hidden_size * arch.num_experts * moe_layers
-                  + arch.attention_replicated_params * layers + arch.hidden_size)
+                  + arch.attention_replicated_params * layers
+                  + (arch.hidden_size if final_norm else 0))
     expert = arch.expert_params * arch.num_experts * moe_layers / (par.ep * par.etp)
     return ActorShard(dense=tp_sharded + replicated, expert=expert)
+
+
+def stage_shard(spec: Spec, stage: Stage) -> ActorShard:
+    """The parameters of one GPU of pipeline stage `stage`: its own layers, the word embeddings
+    on the first stage, the final norm and the output layer on the last (a copy of the
+    embeddings when they are tied and pp > 1: megatron-core's embedding group keeps the two in
+    step; at pp = 1 tied embeddings are one matrix)."""
+    arch, pp = spec.arch, spec.train.parallel.pp
+    embeddings = int(stage.embedding) + int(stage.output and (pp > 1 or not arch.tie_word_embeddings))
+    return _shard(spec, stage.num_layers, stage.num_moe_layers, embeddings, stage.output)
+
+
+def actor_shard(spec: Spec) -> ActorShard:
+    """The parameters of the actor GPU that holds the most: that of the pipeline stage with the
+    most (every stage's with an even split but for the vocabulary matrices and the final
+    norm), or layers ÷ pp of each kind where the split is refused (V205, V209)."""
+    found = stages(spec)
+    if found is None:
+        arch, pp = spec.arch, spec.train.parallel.pp
+        return _shard(spec, arch.num_layers / pp, arch.num_moe_layers / pp,
+                      1 if arch.tie_word_embeddings or pp > 1 else 2, True)
+    return max((stage_shard(spec, stage) for stage in found), key=lambda shard: shard.total)
 
 
 def vllm_weight_params(spec: Spec) -> float:
@@ -263,18 +296,20 @@ def _layer_activation_bytes_per_token(arch: Arch, spec: Spec, moe: bool,
     return attention + mlp
 
 
-def _stored_activations(spec: Spec, tokens: int, imbalance: float) -> float:
+def _stored_activations(spec: Spec, tokens: int, imbalance: float, stage: Stage) -> float:
+    """What `stage` keeps for the backward: its layers' activations for each of the
+    micro-batches it holds at the schedule's peak (stage.in_flight, 1 without a pipeline)."""
     arch, par = spec.arch, spec.train.parallel
-    layers = arch.num_layers / par.pp
-    moe_share = arch.num_moe_layers / arch.num_layers
+    layers = stage.num_layers
+    moe_share = stage.num_moe_layers / layers
     per_layer = (moe_share * _layer_activation_bytes_per_token(arch, spec, True, imbalance)
                  + (1 - moe_share) * _layer_activation_bytes_per_token(arch, spec, False))
     if spec.train.recompute == "full":
         # uniform recompute of 1 layer: each layer keeps its input; one layer is recomputed
         # (and its activations live) at a time during the backward pass
         seq_split = par.tp if par.sequence_parallel else 1
-        return tokens * (2 * arch.hidden_size / seq_split * layers + per_layer)
-    return tokens * per_layer * layers
+        return tokens * (2 * arch.hidden_size / seq_split * layers * stage.in_flight + per_layer)
+    return tokens * per_layer * layers * stage.in_flight
 
 
 def expert_stacks(spec: Spec) -> float:
@@ -307,9 +342,10 @@ def expert_stack_bytes(local_experts: float, ffn: float, hidden: int) -> float:
 ADAM_STEP_BYTES = 4
 
 
-def adam_step_transient(spec: Spec) -> float:
+def adam_step_transient(spec: Spec, shard: ActorShard | None = None) -> float:
     """Bytes the optimizer step adds on the GPU for a moment, after the backward has freed the
-    activations. megatron-core builds one optimizer for expert parameters and one for the rest
+    activations, for the parameters of `shard` (the actor GPU that holds the most by default).
+    megatron-core builds one optimizer for expert parameters and one for the rest
     when experts are marked allreduce=False (ep > 1, or etp ≠ tp: tensor_parallel/layers.py)
     and steps them one after the other (ChainedOptimizer), so the larger shard counts; with one
     optimizer, every parameter of this rank's shard."""
@@ -321,7 +357,7 @@ def adam_step_transient(spec: Spec) -> float:
         # multi_tensor_adam updates params and moments in place: no per-parameter transient
         # (transformer_engine/pytorch/optimizers/fused_adam.py; not measured)
         return 0.0
-    shard = actor_shard(spec)
+    shard = shard or actor_shard(spec)
     dense = shard.dense / (d.dp * par.cp if opt.distributed else 1)
     expert = shard.expert / (d.edp if opt.distributed else 1)
     chained = par.ep > 1 or par.etp != par.tp
@@ -440,10 +476,13 @@ def micro_batch_tokens(spec: Spec) -> MicroBatchTokens:
 BACKWARD_TERMS = ("activations", "uneven routing", "expert stacks", "logits")
 
 
-def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
+def stage_phase(spec: Spec, gpu_bytes: float, stage: Stage) -> Phase:
+    """The training step's memory on one GPU of pipeline stage `stage` (the whole model at
+    pp = 1): its own parameters, its layers' activations for the micro-batches it holds at
+    once, and the loss head on the last stage only."""
     arch, par, opt, train = spec.arch, spec.train.parallel, spec.train.optimizer, spec.train
     d = spec.derived
-    shard = actor_shard(spec)
+    shard = stage_shard(spec, stage)
     dense_shards = d.dp * par.cp if opt.distributed else 1
     expert_shards = d.edp if opt.distributed else 1
     optimizer_state = 12 * (shard.dense / dense_shards + shard.expert / expert_shards)
@@ -465,28 +504,30 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
     tokens, token_note = micro_batch_tokens(spec)
     path = expert_path(spec).path if arch.is_moe else None
     imbalance = routing_imbalance(spec)
-    balanced = _stored_activations(spec, tokens, 1.0)
-    layers = arch.num_layers / par.pp
+    balanced = _stored_activations(spec, tokens, 1.0, stage)
     how = ("full recompute: layer inputs + one layer" if train.recompute == "full"
-           else f"{train.recompute} recompute, {layers:g} layers")
-    experts = f", {path} experts" if path else ""
+           else f"{train.recompute} recompute, {stage.num_layers:g} layers")
+    if stage.in_flight > 1:
+        how += f", {stage.in_flight} micro-batches in flight (1F1B)"
+    experts = f", {path} experts" if path and stage.num_moe_layers else ""
     backward = [Term("activations", balanced, f"{token_note}{experts}; {how}",
                      _activations_basis(spec, path))]
-    if imbalance > 1:
+    if imbalance > 1 and stage.num_moe_layers:
         backward.append(Term("uneven routing",
-                             _stored_activations(spec, tokens, imbalance) - balanced,
+                             _stored_activations(spec, tokens, imbalance, stage) - balanced,
                              f"busiest EP rank routes {imbalance:g}× the mean rows "
                              "(train.routing_imbalance)", evidence.UNEVEN_ROUTING))
-    if path == "grouped":
+    if path == "grouped" and stage.num_moe_layers:
         backward.append(Term("expert stacks", expert_stacks(spec),
                              f"{arch.num_experts // par.ep} local experts' fc1 weights and "
                              "gradient, stacked", evidence.EXPERT_STACKS))
-    # the loss head (the term keeps its name, "logits", for readers of plan.json)
-    head = loss_head(spec, tokens)
-    backward.append(Term("logits", head.bytes, head.note, evidence.LOSS_HEAD))
+    if stage.output:
+        # the loss head (the term keeps its name, "logits", for readers of plan.json)
+        head = loss_head(spec, tokens)
+        backward.append(Term("logits", head.bytes, head.note, evidence.LOSS_HEAD))
     terms += backward
     # the step comes after the backward has freed the terms above: it adds what it needs beyond
-    step = adam_step_transient(spec)
+    step = adam_step_transient(spec, shard)
     working = sum(t.bytes for t in backward)
     if opt.cpu_offload:
         step_note = "CPU Adam: on the host"
@@ -512,6 +553,20 @@ def train_phase(spec: Spec, gpu_bytes: float) -> Phase:
                           "vLLM asleep (level 1): weights on the host, KV cache freed; "
                           "context and CUDA graphs stay", evidence.SLEEPING_ENGINE))
     return Phase("train", tuple(terms), gpu_bytes)
+
+
+def train_phases(spec: Spec, gpu_bytes: float, found: tuple[Stage, ...]) -> tuple[Phase, ...]:
+    """stage_phase of every stage; stages alike in layers, vocabulary matrices and micro-batches
+    in flight share one (a pipeline of thousands of stages has a few kinds)."""
+    phases: dict[tuple, Phase] = {}
+    out = []
+    for stage in found:
+        kind = (stage.num_layers, stage.num_moe_layers, stage.embedding, stage.output,
+                stage.in_flight)
+        if kind not in phases:
+            phases[kind] = stage_phase(spec, gpu_bytes, stage)
+        out.append(phases[kind])
+    return tuple(out)
 
 
 # -- rollout -------------------------------------------------------------------------------
@@ -664,11 +719,18 @@ def memory_plan(spec: Spec) -> MemoryPlan | None:
         return None
     if actor_layout(spec).problems():
         return None
+    found = stages(spec)
+    if found is None:
+        return None
     gpu_bytes = spec.derived.gpu_memory_gib * GiB
     host = spec.cluster.host_memory_gib
     terms = host_terms(spec)
     if host is not None:
         terms += (Term("Ray object store", RAY_OBJECT_STORE_FRACTION * host * GiB,
                        "30% of host memory, Ray's default", evidence.HOST),)
-    return MemoryPlan(gpu_bytes, train_phase(spec, gpu_bytes), rollout_phase(spec, gpu_bytes),
-                      terms, host * GiB if host is not None else None)
+    phases = train_phases(spec, gpu_bytes, found)
+    busiest = max(range(len(phases)), key=lambda index: (phases[index].peak, -index))
+    return MemoryPlan(gpu_bytes, phases[busiest], rollout_phase(spec, gpu_bytes),
+                      terms, host * GiB if host is not None else None,
+                      tuple(StageMemory(stage, phase.peak) for stage, phase in zip(
+                          found, phases, strict=True)), busiest)

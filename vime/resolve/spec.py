@@ -170,6 +170,10 @@ class Parallel:
     cp: int
     ep: int
     etp: int
+    # decoder layers of the first and last pipeline stages where they differ from the rest
+    # (--decoder-first/last-pipeline-num-layers); None: layers ÷ pp like the others
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
 
 @dataclass(frozen=True)
