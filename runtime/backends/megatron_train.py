@@ -606,6 +606,15 @@ class MegatronTrainingBackend(TorchTrainingBackend):
                     "lr_steps": self.lr_scheduler.num_steps},
                    path / f"rng_rank{self.slice.rank}.pt")
 
+    def begin_save(self, path: Path) -> None:
+        """Writes before it returns (the interface's default, not the torch backend's copy):
+        dist_checkpointing's save plans and gathers with collectives, which a background
+        thread would run beside the next steps' own."""
+        self.save(path)
+
+    def finish_save(self) -> float:
+        return 0.0
+
     def save_hf(self, path: Path) -> None:
         """The full tensors gathered from every rank (a collective), written by rank 0 with
         the writer and gather of `vime convert --to hf` (runtime/megatron/convert.py), so the

@@ -10,11 +10,16 @@ the engines between steps (what torch_memory_saver's pause and resume do for sli
   are freed without a copy, and come back with their size and unspecified contents.
 
 MegatronTrainingBackend (megatron_train.py) uses one for its DDP buffers and Adam's state.
+
+HostSnapshot copies a state dict's tensors into host buffers made once and reused, for a
+checkpoint written in the background (checkpoint.async_save) while the next steps change the
+device tensors.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -147,3 +152,50 @@ class HostMirror:
     def dropped_bytes(self) -> int:
         return sum(slot.nbytes for slot in self._slots if slot.host is None)
 
+
+
+class HostSnapshot:
+    """A host copy of a nest of dicts, lists and tuples holding tensors (a model's and an
+    optimizer's state dicts), into buffers made at the first copy and reused by every later
+    one of the same shapes: pinned where CUDA runs, so the device's copies go at the bus's
+    speed and together. Leaves that are not tensors are deep-copied. The copy it returns is
+    valid until the next `copy`."""
+
+    def __init__(self, pin: bool | None = None):
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self.buffers_made = 0
+
+    def _buffer(self, key: tuple, tensor: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            pin = self.pin and tensor.device.type == "cuda"
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+            self._buffers[key] = buffer
+            self.buffers_made += 1
+        return buffer
+
+    def copy(self, tree):
+        """The tree with every tensor copied to host memory, the copies finished."""
+        out = self._copy(tree, ())
+        if self.pin and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return out
+
+    def _copy(self, node, key: tuple):
+        if torch.is_tensor(node):
+            source = node.detach()
+            buffer = self._buffer(key, source)
+            buffer.copy_(source, non_blocking=buffer.is_pinned())
+            return buffer
+        if isinstance(node, dict):
+            return {k: self._copy(v, (*key, k)) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            items = [self._copy(v, (*key, i)) for i, v in enumerate(node)]
+            return items if isinstance(node, list) else type(node)(items) \
+                if not hasattr(node, "_fields") else type(node)(*items)
+        return copy.deepcopy(node)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.backends import torch_model
+from runtime.backends.offload import HostSnapshot
 from runtime.core import algorithm, hf_folder, loss_head, lr_schedule
 from runtime.core.interfaces import TrainBatch, TrainingBackend
 from runtime.core.slices import TrainSlice
@@ -58,6 +61,38 @@ def packed_response_positions(prompt_lens: list[int], lengths: list[int], width:
         [o + p for o, p in zip(offsets, prompt_lens, strict=True)],
         [o + n for o, n in zip(offsets, lengths, strict=True)], width)
     return torch.zeros_like(rows), positions, mask
+
+
+class BackgroundWrite:
+    """`write` run in a thread of its own, started at once; wait() joins it, returns its
+    seconds and raises what it raised."""
+
+    def __init__(self, write):
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+
+        def run() -> None:
+            began = time.perf_counter()
+            try:
+                write()
+            except BaseException as err:  # re-raised by wait() in the caller's thread
+                self._error = err
+            finally:
+                self.seconds = time.perf_counter() - began
+
+        self._thread = threading.Thread(target=run, name="vime-checkpoint-write", daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> float:
+        """Raises:
+            Exception: what the write raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.seconds
 
 
 def sampling_top_p(slice: TrainSlice) -> float:
@@ -383,16 +418,48 @@ class TorchTrainingBackend(TrainingBackend):
 
     # ------------------------------------------------------------------------ checkpoints
 
+    # the write of begin_save in progress, and the host copy it writes from (made once)
+    _writing: BackgroundWrite | None = None
+    _snapshot: HostSnapshot | None = None
+
+    def _checkpoint_files(self) -> dict[str, dict]:
+        """{file name: what torch.save writes to it} of this rank, holding the live tensors."""
+        files = {}
+        if self.slice.rank == 0:
+            files["model_optim.pt"] = {"model": self.model.state_dict(),
+                                       "optimizer": self.optimizer.state_dict(),
+                                       "optimizer_steps": self.optimizer_steps}
+        files[f"rng_rank{self.slice.rank}.pt"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        return files
+
     def save(self, path: Path) -> None:
+        self.finish_save()
         path.mkdir(parents=True, exist_ok=True)
         with self._readable():
-            if self.slice.rank == 0:
-                torch.save({"model": self.model.state_dict(),
-                            "optimizer": self.optimizer.state_dict(),
-                            "optimizer_steps": self.optimizer_steps}, path / "model_optim.pt")
-        torch.save({"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-                   path / f"rng_rank{self.slice.rank}.pt")
+            for name, content in self._checkpoint_files().items():
+                torch.save(content, path / name)
+
+    def begin_save(self, path: Path) -> None:
+        """The state copied to host buffers reused across saves (offload.HostSnapshot), then
+        torch.save from that copy in a thread of this process until finish_save."""
+        self.finish_save()
+        path.mkdir(parents=True, exist_ok=True)
+        if self._snapshot is None:
+            self._snapshot = HostSnapshot()
+        with self._readable():
+            files = self._snapshot.copy(self._checkpoint_files())
+
+        def write() -> None:
+            for name, content in files.items():
+                torch.save(content, path / name)
+
+        self._writing = BackgroundWrite(write)
+
+    def finish_save(self) -> float:
+        writing, self._writing = self._writing, None
+        return writing.wait() if writing is not None else 0.0
 
     def save_hf(self, path: Path) -> None:
         """Rank 0 writes the weights under HF names, in the actor's dtype, and the model's

@@ -202,7 +202,7 @@ class TrainingBackend(abc.ABC):
     both.
 
     Optional capabilities have defaults here: `exports_on_every_rank`, `resident_bytes`,
-    `save_hf`, `stop`."""
+    `save_hf`, `begin_save` / `finish_save`, `stop`."""
 
     # True: export_weights(every_rank=True) yields every tensor on every rank (vLLM's IPC
     # transfer needs it); False: the ranks share the tensors and only together hold them all
@@ -250,6 +250,23 @@ class TrainingBackend(abc.ABC):
         """Write this rank's part of the model, optimizer and RNG state under path (a folder
         shared by all ranks, not yet visible as a checkpoint: the driver renames it when
         every rank is done)."""
+
+    def begin_save(self, path: Path) -> None:
+        """Start save(path) with the write in the background (checkpoint.async_save): copy
+        what the next steps change to host memory, return, and write from that copy until
+        finish_save. A write still running from the previous call is waited for first. The
+        default writes everything before it returns (save)."""
+        self.save(path)
+
+    def finish_save(self) -> float:
+        """Wait for the write begin_save started and return its seconds in the background
+        (0.0 when none runs). Called on every rank at the same point of the loop (a
+        backend's finish may be collective).
+
+        Raises:
+            Exception: what the background write raised (its folder is then incomplete).
+        """
+        return 0.0
 
     @abc.abstractmethod
     def load(self, path: Path) -> None:

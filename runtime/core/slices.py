@@ -247,6 +247,7 @@ class JobConfig:
     weight_bucket_bytes: int = weights.BUCKET_FLOOR_BYTES
     reward_timeout_s: float = 300.0  # rollout.reward_timeout_s
     keep_last: int = 0  # checkpoint.keep_last
+    async_save: bool = False  # checkpoint.async_save
     on_corrupt: str = "stop"  # checkpoint.on_corrupt
     save_hf_interval: int = 0  # checkpoint.save_hf_interval (0: no HF folders)
     evaluation: EvalConfig = EvalConfig()
@@ -374,6 +375,7 @@ class JobConfig:
             # job folders compiled before these keys existed have none: the schema's defaults
             reward_timeout_s=float(rollout.get("reward_timeout_s", 300.0)),
             keep_last=int(spec["checkpoint"].get("keep_last", 0)),
+            async_save=bool(spec["checkpoint"].get("async_save", False)),
             on_corrupt=spec["checkpoint"].get("on_corrupt", "stop"),
             save_hf_interval=int(spec["checkpoint"].get("save_hf_interval", 0)),
             evaluation=_eval_config(spec, spec_dir),

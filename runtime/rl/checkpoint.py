@@ -6,13 +6,17 @@
     <save dir>/hf/rollout_000019/    model.safetensors, config.json, tokenizer files
 
 A checkpoint is written into `.partial-rollout_000019-<random>/`, checked (`prepare`), then
-renamed into place and `latest` moved (`commit`); a resume checks it again (`verify`). What
+renamed into place and `latest` moved (`commit`); a resume checks it again (`verify`). With
+checkpoint.async_save, `begin` returns once the ranks hold a host copy of their state and
+write it in the background; `finish` waits for the writes and checks them (a `prepare` in two
+halves), so `latest` moves only once every file is on disk. What
 each file holds and what a checkpoint guarantees: docs/design.md, "Checkpoints";
 docs/runtime.md, "What survives a fault".
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -279,6 +283,18 @@ def verify(folder: Path, checksums: bool = True) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Writing:
+    """A save whose state the ranks copied and are writing in the background into `partial`:
+    `finish` waits for them and checks the files."""
+
+    rollout_id: int
+    partial: Path
+    final: Path
+    state: dict
+    record: dict | None
+
+
 class Checkpoints:
     def __init__(self, save_dir: Path, load_dir: Path | None = None, keep_last: int = 0,
                  log=lambda message: None):
@@ -457,34 +473,95 @@ class Checkpoints:
         Raises:
             CheckpointError: no space (said so), or the files written do not match.
         """
+        final, partial = self._new_partial(rollout_id)
+        with self._removed_on_failure(partial):
+            partial.mkdir()
+            train.save(partial / "train")
+            self._seal(partial, rollout_id, state, record)
+        return Pending(rollout_id, partial, final)
+
+    def begin(self, rollout_id: int, train, state: dict, record: dict | None = None) -> Writing:
+        """The first half of `prepare` for checkpoint.async_save: train.begin_save(folder)
+        returns once every rank holds a host copy of its state, and the ranks write it in the
+        background; `finish` completes the save.
+
+        Raises:
+            CheckpointError: no space (said so).
+        """
+        final, partial = self._new_partial(rollout_id)
+        with self._removed_on_failure(partial):
+            partial.mkdir()
+            train.begin_save(partial / "train")
+        # a copy as of now: the loop's state (the sampler's position) moves on meanwhile
+        return Writing(rollout_id, partial, final, json.loads(json.dumps(state)), record)
+
+    def finish(self, writing: Writing, train) -> tuple[Pending, float]:
+        """The second half: train.finish_save() waits for every rank's write; then the file
+        list, state.json and the record as `prepare` writes them. Returns the save, ready to
+        commit, and the slowest rank's seconds of writing in the background.
+
+        Raises:
+            CheckpointError: no space (said so), or the files written do not match; the
+                folder is removed, the previous checkpoint stays `latest`.
+        """
+        with self._removed_on_failure(writing.partial):
+            seconds = train.finish_save()
+            self._seal(writing.partial, writing.rollout_id, writing.state, writing.record)
+        return Pending(writing.rollout_id, writing.partial, writing.final), seconds
+
+    def abandon(self, writing: Writing, train) -> None:
+        """A background save that is not to be kept: its writes waited for, then its folder
+        removed (what the writes raised is raised after that)."""
+        try:
+            train.finish_save()
+        finally:
+            shutil.rmtree(writing.partial, ignore_errors=True)
+
+    def _new_partial(self, rollout_id: int) -> tuple[Path, Path]:
+        """(final folder, .partial-* folder to write it in), after the free space is checked.
+
+        Raises:
+            CheckpointError: less free space than the previous save took.
+        """
         self.save_dir.mkdir(parents=True, exist_ok=True)
         self._remove_stale_partials()
         self.check_space()
         final = self.save_dir / self.name(rollout_id)
-        partial = self.save_dir / _partial_name(final.name)
+        return final, self.save_dir / _partial_name(final.name)
+
+    @contextlib.contextmanager
+    def _removed_on_failure(self, partial: Path):
+        """The folder removed when the block raises; a full disk said so (no_space)."""
         try:
-            partial.mkdir()
-            train.save(partial / "train")
-            # as read back (integer keys become strings), so the digest is the reader's
-            content = json.loads(json.dumps({"format": FORMAT, "rollout": rollout_id, **state,
-                                             "files": manifest(partial)}))
-            content[STATE_SUM] = state_digest(content)
-            (partial / STATE).write_text(json.dumps(content, indent=1) + "\n")
-            if record is not None:
-                (partial / run_checkpoint.RECORD_FILE).write_text(
-                    json.dumps(record, indent=1) + "\n")
-            _fsync_tree(partial)
-            problem = verify(partial, checksums=False)  # the sums were read from the disk
-            if problem:
-                raise CheckpointError(f"the checkpoint of rollout {rollout_id} did not read "
-                                      f"back as written: {problem}")
+            yield
         except BaseException as err:
             full = isinstance(err, Exception) and disk_full(err, _free_bytes(self.save_dir))
             shutil.rmtree(partial, ignore_errors=True)
             if full:
                 raise no_space(self.save_dir) from err
             raise
-        return Pending(rollout_id, partial, final)
+
+    @staticmethod
+    def _seal(partial: Path, rollout_id: int, state: dict, record: dict | None) -> None:
+        """The file list with checksums, state.json and the record written beside what the
+        ranks wrote, everything fsynced, and the list checked against the disk.
+
+        Raises:
+            CheckpointError: the files do not read back as written.
+        """
+        # as read back (integer keys become strings), so the digest is the reader's
+        content = json.loads(json.dumps({"format": FORMAT, "rollout": rollout_id, **state,
+                                         "files": manifest(partial)}))
+        content[STATE_SUM] = state_digest(content)
+        (partial / STATE).write_text(json.dumps(content, indent=1) + "\n")
+        if record is not None:
+            (partial / run_checkpoint.RECORD_FILE).write_text(
+                json.dumps(record, indent=1) + "\n")
+        _fsync_tree(partial)
+        problem = verify(partial, checksums=False)  # the sums were read from the disk
+        if problem:
+            raise CheckpointError(f"the checkpoint of rollout {rollout_id} did not read "
+                                  f"back as written: {problem}")
 
     def commit(self, pending: Pending) -> Path:
         """The prepared save renamed into place, then `latest` moved to it; then

@@ -160,6 +160,9 @@ class GRPOLoop:
         self.empty_streak = 0
         self.last_advice = ""  # what dynamic sampling's last rollout suggests to try
         self.pending_save = None  # prepared in one_rollout, committed after its metrics line
+        # checkpoint.async_save: begun in one_rollout, written by the ranks in the background,
+        # finished and committed in the next rollout, once its generation is done
+        self.writing_save = None
         self.logged_rollout = -1  # the last rollout whose metrics line is written
 
     # --------------------------------------------------------------------------- resume
@@ -289,12 +292,36 @@ class GRPOLoop:
         """A stop (SIGTERM, Ctrl-C, an error) with a rollout's save prepared: it is finished
         when the rollout's metrics line is written, else removed (checkpoints.end); what
         went wrong doing so is logged, not raised over the stop."""
+        writing, self.writing_save = self.writing_save, None
+        try:
+            if writing is not None and writing.rollout_id == self.logged_rollout:
+                self.pending_save, _ = self.checkpoints.finish(writing, self.train)
+            elif writing is not None:  # its line is missing: a resume repeats the rollout
+                self.checkpoints.abandon(writing, self.train)
+        except Exception as err:
+            self.log(f"vime: ending the background save: {type(err).__name__}: {err}")
         pending, self.pending_save = self.pending_save, None
         try:
             self.checkpoints.end(pending, finish=pending is not None
                                  and pending.rollout_id == self.logged_rollout)
         except Exception as err:
             self.log(f"vime: ending the save in progress: {type(err).__name__}: {err}")
+
+    def finish_background_save(self, timer: Timer) -> dict[str, float]:
+        """The previous rollout's background save waited for, checked and committed (its
+        metrics line is written); its writing's seconds, spent beside the loop, as
+        time/save_background (the wait itself is the timer's save_wait). Nothing when none.
+
+        Raises:
+            CheckpointError: the write failed; the previous checkpoint stays `latest`.
+        """
+        if self.writing_save is None:
+            return {}
+        writing, self.writing_save = self.writing_save, None
+        with timer.phase("save_wait"):
+            self.pending_save, seconds = self.checkpoints.finish(writing, self.train)
+            self.commit_checkpoint()
+        return {"time/save_background": seconds}
 
     def describe_sample(self, rollout_id: int, prompt, index: int) -> rewards.Sample:
         """Sample `index` of the rollout, generated from `prompt`, in the words of messages."""
@@ -396,6 +423,7 @@ class GRPOLoop:
         if self.evaluator.due(rollout_id, config.num_rollout):
             numbers.update(self.evaluator.run(self.rollout, rollout_id))
         refill = self.sample_groups(rollout_id, timer)
+        numbers.update(self.finish_background_save(timer))
         numbers.update(self._sampling_report(rollout_id, refill))
         if config.takes_turns:
             with timer.phase("offload"):
@@ -540,10 +568,15 @@ class GRPOLoop:
     def _save_when_due(self, rollout_id: int, timer: Timer) -> None:
         config = self.config
         if (rollout_id + 1) % config.save_interval == 0 or rollout_id + 1 == config.num_rollout:
+            state = self.checkpoint_state(rollout_id)
             with timer.phase("save"):
-                self.pending_save = self.checkpoints.prepare(
-                    rollout_id, self.train, self.checkpoint_state(rollout_id),
-                    record=record_of(config))
+                # the last rollout's save has nothing to overlap: written before the run ends
+                if config.async_save and rollout_id + 1 < config.num_rollout:
+                    self.writing_save = self.checkpoints.begin(rollout_id, self.train, state,
+                                                               record=record_of(config))
+                else:
+                    self.pending_save = self.checkpoints.prepare(rollout_id, self.train, state,
+                                                                 record=record_of(config))
         if hf_due(config, rollout_id):
             with timer.phase("save_hf"):
                 self.checkpoints.save_hf(rollout_id, self.train, config.model.hf_checkpoint,

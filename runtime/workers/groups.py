@@ -146,6 +146,14 @@ class TrainGroup:
     def save(self, path) -> None:
         _call_all(self.workers, "save", path)
 
+    def begin_save(self, path) -> None:
+        """Every rank's state copied to its host memory; the writes go on in the background."""
+        _call_all(self.workers, "begin_save", path)
+
+    def finish_save(self) -> float:
+        """Every rank's background write waited for; the slowest rank's seconds of writing."""
+        return max(_call_all(self.workers, "finish_save"))
+
     def load(self, path) -> None:
         _call_all(self.workers, "load", path)
 

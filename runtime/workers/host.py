@@ -162,6 +162,12 @@ class TrainWorker(_Host):
     def save(self, path) -> None:
         self.backend.save(path)
 
+    def begin_save(self, path) -> None:
+        self.backend.begin_save(path)
+
+    def finish_save(self) -> float:
+        return self.backend.finish_save()
+
     def load(self, path) -> None:
         self.backend.load(path)
 

@@ -2,7 +2,6 @@
 
 from vime.check import (  # noqa: F401  (registers rules)
     algorithm,
-    asynchrony,
     batch,
     cards,
     checkpoint,

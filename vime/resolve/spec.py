@@ -262,6 +262,7 @@ class Checkpoint:
     keep_last: int
     on_corrupt: str
     save_hf_interval: int
+    async_save: bool
 
 
 @dataclass(frozen=True)
