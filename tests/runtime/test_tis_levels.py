@@ -158,3 +158,22 @@ def test_a_train_step_weighs_each_sample_of_a_micro_batch_by_its_own_ratio(tmp_p
     for name, grad in trainer.grads.items():
         torch.testing.assert_close(grad, reference.grads[name], rtol=1e-5, atol=1e-7,
                                    msg=name)
+
+
+def test_the_spec_keys_reach_the_loss_and_the_metrics(tmp_path):
+    from runtimekit import in_process_loop, metrics
+
+    _, _, config = job_config(tmp_path, rollout__num_rollout="1", eval__at_start="false",
+                              eval__at_end="false", algorithm__tis_level='"geometric"',
+                              algorithm__tis_mode='"mask"', algorithm__tis_clip="1.0001",
+                              algorithm__tis_clip_low="0.9999")
+    loss = config.train_slice(0, "127.0.0.1", 0, 1).loss
+    assert (loss.tis, loss.tis_level, loss.tis_mode) == (True, "geometric", "mask")
+    in_process_loop(config).run()
+    [record] = metrics(config.job_dir)
+    # the torch engine's and actor's log-probs agree to ~1e-7 on the CPU, so a sample's
+    # geometric ratio is kept (weight ~1) or masked (0): the numbers' values are the tests above
+    share = record["train/tis_truncated_sample_fraction"]
+    assert 0.0 <= share <= 1.0
+    assert record["train/tis_weight"] == pytest.approx(1.0 - record[
+        "train/tis_truncated_fraction"], abs=2e-4)
