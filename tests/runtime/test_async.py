@@ -39,7 +39,7 @@ def _weights(loop) -> dict[str, torch.Tensor]:
 
 def _assert_pipelined(records: list[dict]) -> None:
     """Rollout k+1's generation overlaps rollout k's training; its samples lag one version."""
-    for now, ahead in zip(records, records[1:]):
+    for now, ahead in zip(records[:-1], records[1:], strict=True):
         generating = (ahead["phase/generate_start"], ahead["phase/generate_end"])
         training = (now["phase/train_start"], now["phase/train_end"])
         assert overlap_seconds(generating, training) > 0, (now["rollout"], generating, training)

@@ -2,6 +2,7 @@
 
 from vime.check import (  # noqa: F401  (registers rules)
     algorithm,
+    asynchrony,
     batch,
     cards,
     checkpoint,
