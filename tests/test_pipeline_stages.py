@@ -220,3 +220,24 @@ def test_dynamic_batch_states_one_schedule_for_every_stage():
                           "train.global_batch_size=4"])
     (diag,) = [d for d in few.diagnostics if d.code == "V216"]
     assert diag.key == "train.global_batch_size" and "1 sample per step" in diag.message
+
+
+def test_import_maps_megatrons_uneven_stage_flags():
+    from vime.importer import import_argv
+
+    # run-qwen3-235B-A22B.sh's PERF_ARGS (THUDM/slime scripts/)
+    result = import_argv(["--tensor-model-parallel-size", "4", "--sequence-parallel",
+                          "--pipeline-model-parallel-size", "4", "--context-parallel-size", "2",
+                          "--expert-model-parallel-size", "16",
+                          "--decoder-last-pipeline-num-layers", "22",
+                          "--decoder-first-pipeline-num-layers", "24"])
+    assert result.values["train.parallel.pp"] == 4
+    assert result.values["train.parallel.last_stage_layers"] == 22
+    assert result.values["train.parallel.first_stage_layers"] == 24
+    assert not [f for f in result.findings if "pipeline-num-layers" in f.message]
+
+
+def test_megatrons_flag_name_as_a_key_points_at_the_stage_key():
+    result = run_spec(SEED, ["train.parallel.decoder_last_pipeline_num_layers=22"])
+    (diag,) = [d for d in result.diagnostics if d.code == "V002"]
+    assert "did you mean train.parallel.last_stage_layers?" in diag.help

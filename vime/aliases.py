@@ -16,6 +16,8 @@ ALIASES: dict[str, tuple[str, str]] = {
     "context_parallel_size": ("Megatron-LM", "train.parallel.cp"),
     "expert_model_parallel_size": ("Megatron-LM", "train.parallel.ep"),
     "expert_tensor_parallel_size": ("Megatron-LM", "train.parallel.etp"),
+    "decoder_first_pipeline_num_layers": ("Megatron-LM", "train.parallel.first_stage_layers"),
+    "decoder_last_pipeline_num_layers": ("Megatron-LM", "train.parallel.last_stage_layers"),
     # Megatron-LM's optimizer and memory
     "use_distributed_optimizer": ("Megatron-LM", "train.optimizer.distributed"),
     "optimizer_cpu_offload": ("Megatron-LM", "train.optimizer.cpu_offload"),

@@ -140,6 +140,10 @@ FLAGS: tuple[Flag, ...] = (
     key("--expert-model-parallel-size", "train.parallel.ep", "int", source="megatron"),
     key("--expert-tensor-parallel-size", "train.parallel.etp", "int", source="megatron"),
     key("--sequence-parallel", "train.parallel.sequence_parallel", "true", source="megatron"),
+    key("--decoder-first-pipeline-num-layers", "train.parallel.first_stage_layers", "int",
+        source="megatron"),
+    key("--decoder-last-pipeline-num-layers", "train.parallel.last_stage_layers", "int",
+        source="megatron"),
     # optimizer
     key("--lr", "train.optimizer.lr", "float", source="megatron"),
     key("--weight-decay", "train.optimizer.weight_decay", "float", source="megatron"),
