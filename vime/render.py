@@ -248,6 +248,7 @@ def plan_text(plan: Plan) -> str:
     out.append(f"  {_lr_line(spec.train.optimizer)}")
     out += _hf_lines(spec)
     out += _sampling_lines(spec)
+    out += _async_lines(spec)
     out += _function_lines(spec)
     out += _eval_lines(spec)
     out += _memory_text(plan)
@@ -413,9 +414,36 @@ def _forecast_text(plan: Plan) -> list[str]:
         text = (f"  {line.name:<12}{line.seconds:7.2f} s {share:4.0%} {line.basis.mark} "
                 f"{line.note}")
         out.append(text if len(text) <= WIDTH else text[: WIDTH - 1] + "…")
+    if found.asynchronous != "off":
+        out.append(_async_forecast(found))
     out.append("  how each line was calibrated: docs/forecast.md; `vime plan --json`, "
                "forecast.phases[].basis")
     return out
+
+
+def _async_forecast(found) -> str:
+    """The step of rollout.async = "one_step": generation beside log-probs and training when
+    they have GPUs of their own, else the total."""
+    if not found.overlapped:
+        return (f"  one-step async: {found.step:.1f} s, the total: actor and engines share "
+                "the GPUs, no overlap counted")
+    return (f"  one-step async: max(generate {found.seconds('generate'):.1f}, log-probs + train "
+            f"{found.seconds('log-probs', 'train'):.1f}) + weight sync + overhead = "
+            f"{found.step:.1f} s per rollout")
+
+
+def _async_lines(spec) -> list[str]:
+    """What overlaps with what under rollout.async = "one_step"."""
+    roll, train, inference = spec.rollout, spec.train, spec.inference
+    if roll.async_mode == "off":
+        return []
+    where = ("the same GPUs, both resident" if train.colocate
+             else f"the engines' {plural(inference.num_gpus, 'GPU')} and the actor's "
+             f"{train.num_gpus}")
+    return [f"  async one_step: rollout k+1 generates (weights version k) while the actor "
+            f"trains on rollout k, on {where}",
+            f"    weights pushed between generations; samples lag 1 version "
+            f"(max_staleness {roll.max_staleness})"]
 
 
 def _colocation_text(plan: Plan) -> list[str]:

@@ -124,11 +124,16 @@ def _forecast(plan: Plan) -> dict | None:
     found = plan.forecast
     if found is None:
         return None
-    return {"mode": found.mode, "total_s": round(found.total, 2),
-            "phases": [{"name": line.name, "seconds": round(line.seconds, 3), "note": line.note,
-                        "basis": {"kind": line.basis.kind, "evidence": line.basis.evidence,
-                                  "sources": list(line.basis.sources)}}
-                       for line in found.lines]}
+    out = {"mode": found.mode, "total_s": round(found.total, 2),
+           "phases": [{"name": line.name, "seconds": round(line.seconds, 3), "note": line.note,
+                       "basis": {"kind": line.basis.kind, "evidence": line.basis.evidence,
+                                 "sources": list(line.basis.sources)}}
+                      for line in found.lines]}
+    if found.asynchronous != "off":
+        # rollout.async: the step as the loop runs it (vime/plan/forecast.py, Forecast.step)
+        out["async"] = {"mode": found.asynchronous, "overlapped": found.overlapped,
+                        "step_s": round(found.step, 2)}
+    return out
 
 
 def _colocation(plan: Plan) -> dict | None:

@@ -55,14 +55,40 @@ class Line:
     basis: Basis
 
 
+# rollout.async = "one_step": the phases of rollout k that run beside the generation of
+# rollout k+1 (runtime/rl/asynchrony.py)
+BESIDE_GENERATION = ("log-probs", "train")
+
+
 @dataclass(frozen=True)
 class Forecast:
     mode: str  # resident | offload | disaggregated
     lines: tuple[Line, ...]
+    asynchronous: str = "off"  # rollout.async
 
     @property
     def total(self) -> float:
+        """Seconds per rollout, phase after phase (the synchronous loop)."""
         return sum(line.seconds for line in self.lines)
+
+    def seconds(self, *names: str) -> float:
+        return sum(line.seconds for line in self.lines if line.name in names)
+
+    @property
+    def overlapped(self) -> bool:
+        """Generation beside training on GPUs of their own: one-step async, disaggregated.
+        Resident on shared GPUs both phases compete for the same GPUs: no overlap counted."""
+        return self.asynchronous == "one_step" and self.mode == "disaggregated"
+
+    @property
+    def step(self) -> float:
+        """Seconds per rollout as the loop runs: with the overlap, max(generate, log-probs +
+        train) + weight sync + overhead; else the total."""
+        if not self.overlapped:
+            return self.total
+        beside = self.seconds(*BESIDE_GENERATION)
+        return max(self.seconds("generate"), beside) + self.total - self.seconds(
+            "generate", *BESIDE_GENERATION)
 
 
 def _calibrated(spec: Spec) -> bool:
@@ -144,4 +170,4 @@ def step_forecast(spec: Spec, memory: MemoryPlan | None, colocation: Colocation 
     else:
         seconds, note = LOOP_REST_S, f"{mode}: no offload, no sleep; the loop"
     lines.append(Line("overhead", seconds, note, basis("overhead")))
-    return Forecast(mode, tuple(lines))
+    return Forecast(mode, tuple(lines), spec.rollout.async_mode)
