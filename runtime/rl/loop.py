@@ -569,6 +569,8 @@ class GRPOLoop:
         config = self.config
         if (rollout_id + 1) % config.save_interval == 0 or rollout_id + 1 == config.num_rollout:
             state = self.checkpoint_state(rollout_id)
+            # one write at a time: a loop that has not finished the previous one does it here
+            self.finish_background_save(timer)
             with timer.phase("save"):
                 # the last rollout's save has nothing to overlap: written before the run ends
                 if config.async_save and rollout_id + 1 < config.num_rollout:

@@ -160,3 +160,18 @@ def test_a_kill_during_a_background_write_resumes_exactly_from_the_previous_chec
     assert [line["rollout"] for line in same] == [1, 2, 3]
     assert not list(save_dir.glob(".partial-*"))  # the killed write's folder is cleaned up
     assert (save_dir / "latest").read_text().strip() == "rollout_000003"
+
+
+def test_a_loop_without_the_sync_point_finishes_each_save_before_the_next(tmp_path):
+    # rollout.async = "one_step" (runtime/rl/asynchrony.py) trains and saves on a timeline
+    # of its own; every background save is still finished and committed
+    _, _, config = job_config(
+        tmp_path, "one-step", checkpoint__async_save="true", rollout__async='"one_step"',
+        cluster__gpus_per_node="2", train__colocate="false", train__num_gpus="1", **ASYNC)
+    loop = in_process_loop(config)
+    loop.run()
+    assert (config.save_dir / "latest").read_text().strip() == "rollout_000003"
+    assert sorted(p.name for p in config.save_dir.iterdir()) == [
+        "latest", *(f"rollout_{rollout:06d}" for rollout in range(4))]
+    for rollout in range(4):
+        assert verify(config.save_dir / f"rollout_{rollout:06d}") is None
