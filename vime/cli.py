@@ -303,6 +303,9 @@ def cmd_submit(args) -> int:
             return EXIT_OK
         if args.fresh:
             source, result, prepared = _fresh(args, prepared, launcher)
+        if not args.as_job:  # the detached launcher takes the lock itself, under its id
+            # before the start point: a live job's checkpoints are not this run's to judge
+            submit.check_lock(prepared)
         spec = prepared.plan.spec
         start = resume.start_point(spec, prepared.experiment_dir)
         if start.problem:  # the job would stop on it after Ray's start
@@ -314,8 +317,6 @@ def cmd_submit(args) -> int:
                   f"rollout.num_rollout = {spec.rollout.num_rollout}; nothing to run. Raise "
                   "rollout.num_rollout to train on, or --fresh for a new run beside it.")
             return EXIT_OK
-        if not args.as_job:  # the detached launcher takes the lock itself, under its id
-            submit.check_lock(prepared)
         if launcher == "slurm":
             folder = submit.submit_slurm(prepared)
             return _submitted(folder, result, start, args.quiet)

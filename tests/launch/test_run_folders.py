@@ -10,8 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from checkpointkit import FakeTrain
 from launchkit import DRIVERS, ROOT, vime, wait_until
 
+from runtime.rl.checkpoint import Checkpoints
 from vime.launch import lock
 
 TINY = ROOT / "specs" / "tiny_cpu.toml"
@@ -71,6 +73,19 @@ def test_fresh_before_the_first_save_is_refused_while_the_run_holds_model_save(r
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"checkpoint folder {save}" in done.stderr and f"job {holder.job_id}" in done.stderr
     assert not list((runs / "tiny-cpu-2").glob("local-*"))
+
+
+def test_the_running_jobs_checkpoints_are_not_called_the_next_runs_own(running_job):
+    # The live run has saved past the other spec's num_rollout: that is no finished run of
+    # the other experiment, and nothing it prints may say so (exit 0, "other is finished").
+    runs, save, holder = running_job
+    Checkpoints(save).save(11, FakeTrain(), {"next_rollout": 12})
+    done = vime("submit", "--local", str(TINY), *_sets(runs, save, "other"),
+                "--set", "rollout.num_rollout=10", env={"VIME_DRIVER": f"{DRIVERS}:fail"},
+                timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"checkpoint folder {save}" in done.stderr and f"job {holder.job_id}" in done.stderr
+    assert "finished" not in done.stdout + done.stderr
 
 
 def test_a_refused_run_keeps_none_of_the_locks_it_took(running_job):
