@@ -59,17 +59,26 @@ ray job submit --address="http://127.0.0.1:8265" \\
 '''
 
 
-def test_train_async_py_is_read_with_a_warning_that_vime_runs_the_synchronous_loop():
+def test_train_async_py_is_one_step_asynchrony():
     result = import_script(Path("/nonexistent/run-qwen2.5-0.5B-fully_async.sh"), FULLY_ASYNC,
                            {"NUM_GPUS": "8"})
-    said = _findings(result, "train_async.py")
-    assert [(f.code, f.severity, f.line) for f in said] == [("V964", "warning", 4)], said
-    assert "synchronous" in said[0].message
+    assert result.values["rollout.async"] == "one_step"
+    assert (result.origins["rollout.async"].flag, result.origins["rollout.async"].line) == \
+        ("train_async.py", 4)
+    assert not [f for f in result.findings if f.code == "V964"]
     assert result.values["train.num_gpus"] == 1 and result.values["inference.num_gpus"] == 7
     plain = import_script(Path("/nonexistent/run.sh"), FULLY_ASYNC.replace("train_async.py",
                                                                            "train.py"),
                           {"NUM_GPUS": "8"})
-    assert not _findings(plain, "train_async.py")
+    assert "rollout.async" not in plain.values
+    # upstream's fully-async rollout function (a buffer across weight updates) is not vime's
+    buffered = import_script(Path("/nonexistent/run.sh"), FULLY_ASYNC.replace(
+        '   "${MISC_ARGS[@]}"', "   --rollout-function-path "
+        "fully_async_rollout.generate_rollout_fully_async \\\n   \"${MISC_ARGS[@]}\""),
+        {"NUM_GPUS": "8"})
+    said = [f for f in buffered.findings if f.code == "V964"]
+    assert [(f.severity, f.line) for f in said] == [("warning", 4)], said
+    assert 'planned: rollout.async = "buffer"' in said[0].message
 
 
 # vllm-project/vime agent_run/local_multi_turn_smoke/run_rl.sh at

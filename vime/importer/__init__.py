@@ -55,16 +55,31 @@ def import_script(path: Path, text: str, environ: dict[str, str],
         findings.append(Finding("V973", "error", f"{path} runs no train.py", str(path), 1,
                                 "import the flags with --argv"))
         return ImportResult({}, {}, findings, str(path), reading.sourced)
-    if reading.entry == "train_async.py" and reading.entry_line is not None:
-        file, line = reading.entry_line
-        findings.append(Finding(
-            "V964", "warning", "train_async.py: not yet in vime (planned: asynchronous "
-            "training); the spec runs train.py's synchronous loop, where each rollout is "
-            "generated after the step before it, not during it", file, line,
-            "nothing to do unless the run needs rollout and training to overlap"))
     result = import_words(reading.argv, _experiment_name(path.name), str(path), environ, reading)
+    if reading.entry == "train_async.py" and reading.entry_line is not None:
+        findings += _train_async(result, reading.argv, *reading.entry_line)
     result.findings[:0] = findings
     return result
+
+
+def _train_async(result: ImportResult, argv: list[Word], file: str, line: int) -> list[Finding]:
+    """train_async.py is one-step asynchrony (rollout k+1 generated while the actor trains on
+    rollout k, weights pushed between generations): rollout.async = "one_step". Upstream's
+    examples/fully_async rollout function keeps generating across weight updates (a buffer),
+    which vime does not run: V964 says the spec is one-step."""
+    result.values["rollout.async"] = "one_step"
+    result.origins["rollout.async"] = Origin("train_async.py", file, line)
+    function = next((w.value for w in argv if isinstance(w.value, str)
+                     and "fully_async" in w.value), None)
+    if function is None:
+        return []
+    return [Finding(
+        "V964", "warning", f"{function}: upstream's fully-async rollout buffer (generation "
+        "going on across weight updates, samples of several versions) is not yet in vime "
+        "(planned: rollout.async = \"buffer\"); the spec runs one-step asynchrony, each rollout "
+        "generated while the actor trains on the one before it", file, line,
+        "drop --rollout-function-path: rollout.async = \"one_step\" overlaps generation and "
+        "training without it")]
 
 
 def import_argv(argv: list[str], name: str = "imported") -> ImportResult:
