@@ -229,3 +229,33 @@ def test_loopback_reward_in_a_one_node_job_is_clean():
     """`vime submit --local` and a one-node job may run the server beside the driver."""
     spec = ROOT / "specs" / "qwen3_30b.toml"
     assert "V710" not in _codes(spec, 'rollout.reward="http://localhost:8000/score"')
+
+
+# ---------------------------------------------------------------- V312: the router's settings
+
+DSV3 = ROOT / "specs" / "tiny_h200_dsv3.toml"
+ROUTERS = {  # [model.arch] overrides of tiny_h200_dsv3 (8 experts, top 2, n_group 2, topk_group 1)
+    "softmax scores with the expert bias": (['model.arch.scoring_func="softmax"'], True),
+    "3 groups of 8 experts": (["model.arch.n_group=3"], True),
+    "4 of 2 groups": (["model.arch.num_experts_per_tok=8", "model.arch.topk_group=4"], True),
+    "softmax without the bias": (['model.arch.scoring_func="softmax"',
+                                  'model.arch.topk_method="greedy"'], False),
+    "4 groups of 2 experts": (["model.arch.n_group=4"], False),
+    "the spec as written": ([], False),
+}
+
+
+@pytest.mark.parametrize("name", ROUTERS)
+def test_router_settings_as_megatron_core_judges_them(name):
+    """The oracle: megatron-core's TransformerConfig, built by the Megatron backend's own
+    transformer_config from the planned architecture, refuses exactly what V312 reports."""
+    from runtime.megatron.model import transformer_config
+
+    sets, refused = ROUTERS[name]
+    result = run_spec(DSV3, sets)
+    assert ("V312" in {d.code for d in result.diagnostics}) is refused
+    if refused:
+        with pytest.raises((ValueError, AssertionError)):
+            transformer_config(result.spec.arch)
+    else:
+        transformer_config(result.spec.arch)

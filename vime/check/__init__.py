@@ -20,6 +20,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     quantization,
     rewards,
     rollout,
+    router,
     runtime,
     scheduler,
     wasteful,
