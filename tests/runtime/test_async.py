@@ -8,12 +8,14 @@ import statistics
 
 import pytest
 import torch
-from runtimekit import in_process_loop, job_config, metrics
+from runtimekit import ROOT, compile_spec, in_process_loop, job_config, metrics, sets_for
 
+from runtime.core.slices import JobConfig
 from runtime.node import driver
 from runtime.rl.asynchrony import Background, OneStepLoop, loop_class, overlap_seconds
 from runtime.rl.loop import GRPOLoop
 
+TOOLS = ROOT / "specs" / "tiny_cpu_tools.toml"
 # the actor on one logical GPU, the engine on the other
 APART = {"cluster__gpus_per_node": "2", "train__colocate": "false", "train__num_gpus": "1"}
 ONE_STEP = {"rollout__async": '"one_step"'}
@@ -159,3 +161,26 @@ def test_one_step_on_ray_overlaps_in_separate_processes(tmp_path, ray_cluster):
     records = metrics(config.job_dir)
     assert [r["rollout"] for r in records] == list(range(4))
     _assert_pipelined(records)
+
+
+def test_dynamic_sampling_evaluation_and_rollout_functions_run_one_step(tmp_path):
+    # dynamic sampling's extra attempts and [eval] run in the generation phase, beside training
+    _, config = _run(tmp_path / "ds", "ds", rollout__num_rollout="4", **APART, **ONE_STEP,
+                     rollout__dynamic_sampling="true", rollout__over_sampling_batch_size="12",
+                     rollout__dynamic_sampling_max_attempts="2", eval__interval="2")
+    records = metrics(config.job_dir)
+    _assert_pipelined(records)
+    assert all("rollout/sampling_attempts" in r for r in records)
+    assert ["eval/arith/acc" in r for r in records] == [True, False, True, False]
+    # a rollout function (the calculator tool over two turns): its turns are this rollout's
+    plan, resolved = compile_spec(TOOLS, sets_for(tmp_path / "tools", rollout__num_rollout="3",
+                                                  **APART, **ONE_STEP))
+    job_dir = tmp_path / "tools" / "job"
+    job_dir.mkdir(parents=True)
+    tools = JobConfig.from_job(plan, resolved, job_dir)
+    loop = in_process_loop(tools)
+    loop.restore()
+    loop.run()
+    records = metrics(job_dir)
+    _assert_pipelined(records)
+    assert all(r["rollout/turns_mean"] >= 1 for r in records)
