@@ -37,14 +37,11 @@ SAME_FAMILY = {"kimi_k2": {"kimi_k2", "deepseek_v3"}}
 # SCRIPTS EXPECTED NOT TO PLAN TO THEIR LAYOUT YET, and the capability vime lacks for each.
 # name -> (text the import report, or with "plan:" the plan's diagnostics, must contain; why).
 # Remove a line when its script plans to its layout (the test says so); the lead updates this
-# list as the pipeline-stage keys (train.parallel.first_stage_layers / last_stage_layers), the
-# MoE dispatcher key and max_position_embeddings from the model args land.
+# list as max_position_embeddings from the model args (and rope scaling) land.
 # ---------------------------------------------------------------------------------------------
 EXPECTED_GAPS: dict[str, tuple[str, str]] = {
-    # the uneven last pipeline stage has no key yet (train.parallel.last_stage_layers)
-    "slime-qwen3-235b-a22b": ("--decoder-last-pipeline-num-layers", "94 layers as 24+24+24+22"),
-    "slime-deepseek-r1": ("--decoder-last-pipeline-num-layers", "61 layers as 16+16+16+13"),
     # max_position_embeddings: the model args or the preset know it, the spec gets 2048
+    "slime-deepseek-r1": ("plan:V506", "max_position_embeddings defaulted to 2048"),
     "slime-qwen3-32b": ("plan:V506", "max_position_embeddings defaulted to 2048"),
     "miles-qwen3-14b-b300": ("plan:V506", "max_position_embeddings defaulted to 2048"),
     "slime-glm4.7-355b-a32b": ("plan:V506", "max_position_embeddings defaulted to 2048"),
@@ -332,3 +329,20 @@ def test_a_loop_the_reader_cannot_count_leaves_what_it_sets_unknown():
     assert any("cannot count" in m and "NLAYERS" in m for m in said), said
     assert any("more than 4096 passes" in m for m in said)
     assert any("printf -v F" in m for m in said)
+
+
+def test_the_checkout_above_the_script_is_searched_only_up_to_its_git_folder(tmp_path):
+    """Folders above a script in no git checkout are not searched (a models file of the same
+    name elsewhere on this machine is not the script's); with .git they are."""
+    models = tmp_path / "slime" / "scripts" / "models"
+    models.mkdir(parents=True)
+    shutil.copy(CORPUS / "slime" / "scripts" / "models" / "qwen3-4B.sh", models)
+    script = tmp_path / "slime" / "examples" / "retool" / "retool_qwen3_4b_rl.sh"
+    script.parent.mkdir(parents=True)
+    shutil.copy(CORPUS / "slime" / "examples" / "retool" / "retool_qwen3_4b_rl.sh", script)
+    outside = import_script(script, script.read_text(), {})
+    assert [f.severity for f in outside.findings if f.code == "V974"] == ["error"]
+    (tmp_path / "slime" / ".git").mkdir()
+    inside = import_script(script, script.read_text(), {})
+    assert [f.severity for f in inside.findings if f.code == "V974"] == ["note"]
+    assert inside.sourced == [str(models / "qwen3-4B.sh")]

@@ -5,7 +5,8 @@ A script names its models file as it is on the cluster: beside the script
 (`${SCRIPT_DIR}/../../scripts/models/qwen3-4B.sh`) or at the checkout's absolute path there
 (`source /root/slime/scripts/models/qwen3-4B.sh`). The file is the one named when it exists;
 otherwise the same tail of its path under the checkout: the folder `vime import --repo-root`
-names, or without it the folders above the script up to the one that holds `.git`.
+names, or without it the folders above the script up to the one that holds `.git` (a script
+in no git checkout finds nothing there).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def _tail(given: Path) -> tuple[str, ...]:
 
 
 def _checkout_folders(start: Path) -> list[Path]:
-    """`start`'s folder and those above it, nearest first, up to the one holding .git."""
+    """`start`'s folder and those above it, nearest first, up to the one holding .git; none
+    when no folder above holds one (the checkout is unknown: --repo-root names it)."""
     try:
         folder = start.resolve()
     except (OSError, RuntimeError):
@@ -64,8 +66,8 @@ def _checkout_folders(start: Path) -> list[Path]:
     for candidate in (folder, *folder.parents):
         found.append(candidate)
         if (candidate / ".git").exists():
-            break
-    return found
+            return found
+    return []
 
 
 def _is_file(path: Path) -> bool:
