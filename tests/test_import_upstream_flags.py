@@ -119,3 +119,85 @@ def test_a_line_of_flags_after_the_train_command_ended_gets_a_hint_naming_it():
     # a flag line after any other command is only a command the reader does not run
     later = read_script(Path("/x/run.sh"), "python3 train.py --lr 1\necho done\n--x 1\n", {})
     assert not [n for n in later.notes if "missing" in n.message]
+
+
+def test_weight_buffer_and_server_concurrency_are_noted_as_having_no_effect():
+    """`--update-weight-buffer-size $(( 1024 * 1024 * 1024 * 4 ))` (THUDM/slime
+    scripts/run-qwen3-235B-A22B.sh at 624b824a) and `--vllm-server-concurrency` (upstream
+    vime's train.py flag, vime/data/upstream-flags.json: "Max concurrent inference requests
+    sent to each vLLM server worker", 512 by default): settings of upstream's weight push and
+    client that vime's own do instead; a warning, not an error."""
+    result = import_argv(["--update-weight-buffer-size", str(4 * 2**30),
+                          "--vllm-server-concurrency", "64"])
+    for flag in ("--update-weight-buffer-size", "--vllm-server-concurrency"):
+        [said] = [f for f in result.findings if f.message.startswith(flag)]
+        assert (said.code, said.severity) == ("V963", "warning"), said
+        assert "no effect in vime" in said.help
+    assert "inference.extra_args" not in result.values
+
+
+# THUDM/slime-style run of a Qwen3-4B (scripts/models/qwen3-4B.sh's MODEL_ARGS at 624b824a)
+# with upstream vime's VLLM_ARGS of scripts/run-gpt-oss-20B.sh (vllm-project/vime at
+# 45d26df9): --vllm-tensor-parallel-size beside --rollout-num-gpus-per-engine's default
+QWEN3_4B_RUN = """--swiglu --num-layers 36 --hidden-size 2560 --ffn-hidden-size 9728
+--num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128
+--use-rotary-position-embeddings --disable-bias-linear --normalization RMSNorm
+--norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 --qk-layernorm
+--hf-checkpoint /nonexistent/Qwen3-4B --prompt-data /nonexistent/p.jsonl --num-rollout 2
+--rollout-batch-size 8 --n-samples-per-prompt 4 --rollout-max-prompt-len 1024
+--rollout-max-response-len 3072 --actor-num-nodes 1 --actor-num-gpus-per-node 4
+--rollout-num-gpus 4 --vllm-tensor-parallel-size 1 --vllm-gpu-memory-utilization 0.55
+--vllm-max-num-seqs 64 --vllm-max-cudagraph-capture-size 16 --vllm-max-model-len 4096"""
+
+
+def test_vllm_flags_vime_sets_never_reach_extra_args_which_plan_would_refuse(tmp_path):
+    import shlex
+
+    from vime import pipeline
+    from vime.importer.toml_out import render
+    from vime.parse import Source
+
+    result = import_argv(shlex.split(QWEN3_4B_RUN))
+    assert result.values["inference.extra_args"] == ["--max-num-seqs=64",
+                                                     "--max-cudagraph-capture-size=16"]
+    said = {f.message.split(":")[0]: (f.code, f.severity) for f in result.findings}
+    assert said["--vllm-tensor-parallel-size 1"] == ("V965", "note")
+    assert said["--vllm-max-model-len 4096"] == ("V965", "note")
+    planned = pipeline.run(Source("imported.toml", render(result, str(tmp_path))), [], tmp_path)
+    assert "V507" not in {d.code for d in planned.diagnostics}
+    other = import_argv(shlex.split(QWEN3_4B_RUN.replace("--vllm-tensor-parallel-size 1",
+                                                         "--vllm-tensor-parallel-size 2")))
+    [tp] = [f for f in other.findings if f.message.startswith("--vllm-tensor-parallel-size")]
+    assert (tp.code, tp.severity) == ("V963", "error")
+    assert "TP = gpus_per_engine ÷ data_parallel_size = 1 ÷ 1 = 1" in tp.message
+
+
+def test_router_pre_softmax_is_norm_topk_prob_false_and_its_absence_true():
+    """slime's models files give a Qwen3-MoE no --moe-router-pre-softmax (scripts/models/
+    qwen3-30B-A3B.sh at 624b824a: Megatron's softmax over the top-k, HF's norm_topk_prob
+    true) and DeepSeek-V3 the flag beside sigmoid scores (scripts/models/deepseek-v3.sh)."""
+    moe = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+           "--vocab-size", "1000", "--ffn-hidden-size", "512", "--num-experts", "8",
+           "--moe-router-topk", "2", "--moe-ffn-hidden-size", "128", "--qk-layernorm"]
+    assert import_argv(moe).values["model.arch.norm_topk_prob"] is True
+    pre = import_argv([*moe, "--moe-router-pre-softmax"])
+    assert pre.values["model.arch.norm_topk_prob"] is False
+    assert not _findings(pre, "--moe-router-pre-softmax")
+    sigmoid = import_argv([*moe, "--moe-router-score-function", "sigmoid",
+                           "--moe-router-pre-softmax"])
+    said = _findings(sigmoid, "--moe-router-pre-softmax")
+    assert [(f.code, f.severity) for f in said] == [("V965", "note")], said
+    assert "renormalises the top-k weights either way" in said[0].message
+
+
+def test_yarn_flags_name_the_missing_capability():
+    """DeepSeek-V3's rope scaling in THUDM/slime scripts/models/deepseek-v3.sh at 624b824a:
+    `--rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0`."""
+    result = import_argv(["--multi-latent-attention", "--rotary-scaling-factor", "40",
+                          "--mscale", "1.0", "--mscale-all-dim", "1.0", "--rope-type", "yarn"])
+    for flag in ("--rotary-scaling-factor", "--mscale 1.0", "--mscale-all-dim", "--rope-type"):
+        [said] = _findings(result, flag)
+        assert (said.code, said.severity) == ("V964", "error"), said
+        assert "rope_scaling" in said.message
+    [plain] = _findings(import_argv(["--rope-type", "rope"]), "--rope-type")
+    assert (plain.code, plain.severity) == ("V965", "note")

@@ -49,6 +49,9 @@ class Mapped:
     joint: dict[str, tuple[object, Origin]] = field(default_factory=dict)  # row.name -> value
     words: dict[str, tuple[str, ...]] = field(default_factory=dict)  # every flag -> its words
     flag_at: dict[str, Word] = field(default_factory=dict)  # every flag -> where it is written
+    # --vllm-tensor-parallel-size: (the flag as written, its value, where), judged after every
+    # flag against inference.gpus_per_engine (_engine_tp)
+    vllm_tp: list[tuple[str, str, Word]] = field(default_factory=list)
 
     def set(self, dotted: str, value, origin: Origin) -> None:
         self.values[dotted] = value
@@ -282,7 +285,68 @@ def map_flags(argv: list[Word]) -> Mapped:
                               f" becomes {row.key} (vLLM)", item.at, row.why)
             mapped.set(row.key, value, origin)
     _dispatcher(mapped)
+    _router(mapped)
+    _engine_tp(mapped)
     return mapped
+
+
+def _vime_sets(mapped: Mapped, item: Group, native: str, words: list[str]) -> bool:
+    """A --vllm-X whose vLLM flag vime sets from the spec (V507 refuses it in
+    inference.extra_args): a note when the script's value is vime's, else an error naming the
+    key; never written to extra_args. False for any other flag."""
+    from vime.check.engine_flags import VIME_VLLM_FLAGS
+    from vime.check.rollout import _vime_flag_of
+
+    arg = native if not words else f"{native}={words[0]}"
+    option = native if native in VIME_VLLM_FLAGS else _vime_flag_of(arg)
+    if option not in VIME_VLLM_FLAGS:
+        return False
+    key = VIME_VLLM_FLAGS[option]
+    shown = f"{item.flag} {' '.join(words)}".strip()
+    if key is None:
+        mapped.report("V963", f"{shown}: vime's engines have no pipeline stages", item.at,
+                      "remove it from the script")
+    elif option in ("--tensor-parallel-size", "-tp"):
+        mapped.vllm_tp.append((shown, words[0] if words else "", item.at))
+    else:
+        mapped.report("V965", f"{shown}: vime sets vLLM's {option} from {key}", item.at)
+    return True
+
+
+def _engine_tp(mapped: Mapped) -> None:
+    """--vllm-tensor-parallel-size against the engines' TP that vime derives:
+    inference.gpus_per_engine ÷ data_parallel_size (upstream's --rollout-num-gpus-per-engine
+    and --vllm-data-parallel-size, 1 each without them)."""
+    per_engine = mapped.values.get("inference.gpus_per_engine", 1)
+    dp = mapped.values.get("inference.data_parallel_size", 1)
+    for shown, value, at in mapped.vllm_tp:
+        tp = per_engine // dp if isinstance(per_engine, int) and isinstance(dp, int) and dp \
+            else None
+        if value.isdigit() and tp is not None and int(value) == tp:
+            mapped.report("V965", f"{shown}: vime's engines run TP = gpus_per_engine ÷ "
+                          f"data_parallel_size = {per_engine} ÷ {dp} = {tp}, as this says", at)
+        else:
+            mapped.report("V963", f"{shown}: vime's engines run TP = gpus_per_engine ÷ "
+                          f"data_parallel_size = {per_engine} ÷ {dp}" + (
+                              f" = {tp}" if tp is not None else ""), at,
+                          "set --rollout-num-gpus-per-engine (inference.gpus_per_engine) to "
+                          "the engine's TP × DP")
+
+
+def _router(mapped: Mapped) -> None:
+    """The router's softmax: --moe-router-pre-softmax is norm_topk_prob = false (its table
+    row), its absence in a Qwen3-MoE's model args true (Megatron's top-k softmax, which
+    vime's resolve would otherwise read as HF's default, false); with sigmoid scores it
+    changes nothing (megatron-core renormalises the top-k sigmoid scores,
+    moe_utils.py topk_routing_with_score_function)."""
+    sigmoid = mapped.words.get("--moe-router-score-function") == ("sigmoid",)
+    if "--moe-router-pre-softmax" in mapped.flag_at and sigmoid:
+        mapped.report("V965", "--moe-router-pre-softmax: with sigmoid scores megatron-core "
+                      "renormalises the top-k weights either way",
+                      mapped.flag_at["--moe-router-pre-softmax"])
+    elif "num_experts" in mapped.arch and "norm_topk_prob" not in mapped.arch and not sigmoid:
+        mapped.arch["norm_topk_prob"] = (True, Origin("no --moe-router-pre-softmax: the "
+                                                      "softmax over the top-k"))
 
 
 def _dispatcher(mapped: Mapped) -> None:
@@ -374,6 +438,8 @@ def _unlisted(mapped: Mapped, item: Group, unknown) -> None:
             mapped.report("V962", f"{flag}: {unknown.why}", item.at)
             return
         words = [str(w.value) for w in item.words]
+        if _vime_sets(mapped, item, native, words):
+            return
         if not words:
             mapped.extra_args.append(native)
         elif len(words) == 1:

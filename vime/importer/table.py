@@ -346,6 +346,23 @@ FLAGS: tuple[Flag, ...] = (
     derived("--rotary-percent", QWEN3, ("1.0", "1"), family="partial_rotary_factor:float"),
     derived("--moe-router-score-function", QWEN3, ("softmax",), family="scoring_func:str"),
     derived("--moe-router-dtype", QWEN3, ("fp32",)),
+    arch("--moe-router-pre-softmax", "norm_topk_prob", "false",
+         why="softmax over every expert before the top-k, whose weights then do not sum to 1: "
+         "HF's norm_topk_prob = false; without the flag the softmax is over the top-k "
+         "(norm_topk_prob = true), which the imported spec writes for a Qwen3-MoE. Sigmoid "
+         "scores (DeepSeek-V3, GLM-4.5) are renormalised either way"),
+    # scaled rotary embeddings, which vime does not build yet (issue 42)
+    derived("--rope-type", "vime builds the rotary embedding as RoPE", ("rope",),
+            beyond="[model.arch] rope_scaling (YaRN: issue 42)"),
+    not_yet(("--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--yarn-beta-fast",
+             "--yarn-beta-slow", "--yarn-original-max-position-embeddings",
+             "--yarn-correction-range-round-to-int", "--use-rope-scaling",
+             "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor"),
+            "model.arch.rope_scaling", "a scaled rotary embedding (YaRN for DeepSeek-V3, R1, "
+            "Kimi-K2 and Moonlight; Llama-3's rope scaling; position interpolation): vime builds "
+            "plain RoPE (issue 42 adds YaRN), and V102 refuses a config.json with "
+            "rope_scaling; a spec imported without it trains another function than the "
+            "checkpoint's", source="megatron"),
     # multi-head latent attention and the DeepSeek-V3 / GLM-4.5 router (vime/importer/family.py)
     derived("--multi-latent-attention", FAMILY),
     derived("--q-lora-rank", FAMILY, family="q_lora_rank:int"),
@@ -409,6 +426,14 @@ FLAGS: tuple[Flag, ...] = (
     none("--use-routing-replay", "vime replays the rollout's routing (R3: "
          "--use-rollout-routing-replay, train.routing_replay), not the actor's own"),
     none("--num-epoch", "set rollout.num_rollout: the number of rollouts the run makes"),
+    none("--update-weight-buffer-size", "the bytes of each bucket of the weight push to the "
+         "engines: vime sizes its buckets from the plan's free memory (runtime/core/"
+         "weights.py, bucket_bytes), so the flag has no effect in vime", severity="warning"),
+    none("--vllm-server-concurrency", "the most requests upstream's client keeps in flight "
+         "to each engine (512 by default): vime hands each engine its share of a rollout at "
+         "once and vLLM's scheduler runs up to --max-num-seqs of them together "
+         "(inference.extra_args), so the flag has no effect in vime", severity="warning",
+         source="vime"),
     none("--train-memory-margin-bytes", "vime's memory plan (`vime plan`) checks the actor's "
          "room before the run", severity="warning", source="vime"),
     key("--save-hf", "checkpoint.save_hf_interval", "save_hf",
