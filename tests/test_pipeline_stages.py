@@ -168,7 +168,7 @@ def test_busiest_stage_is_named_and_judged():
     assert [s["num_layers"] for s in pipe["stages"]] == [24, 24]
     assert [s["train_peak_gib"] for s in pipe["stages"]] == [round(p / GiB, 2) for p in peaks]
     text = plan_text(result.plan)
-    assert f"busiest stage: {mem.busiest_stage}, training peak {mem.train.peak / GiB:.1f} GiB" in text
+    assert f"busiest stage {mem.busiest_stage}: peak {mem.train.peak / GiB:.1f} GiB (layers 24–47" in text
     # the memory rule speaks of that stage: a GPU too small for it
     small = run_spec(SEED, [*PP2, "cluster.gpu_memory_gib=20"])
     (v801,) = [d for d in small.diagnostics if d.code == "V801"]

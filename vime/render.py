@@ -380,10 +380,12 @@ def _pipeline_lines(plan: Plan) -> list[str]:
     if mem is not None and mem.stages:
         busiest = mem.stages[mem.busiest_stage].stage
         what = [f"layers {busiest.first_layer}–{busiest.last_layer}"]
-        what += ["the embeddings"] * busiest.embedding + ["the loss head"] * busiest.output
-        out.append(f"    busiest stage: {busiest.index}, training peak "
-                   f"{mem.train.peak / 1024**3:.1f} GiB ({', '.join(what)}; "
-                   f"{plural(busiest.in_flight, 'micro-batch', 'micro-batches')} in flight)")
+        what += ["embeddings"] * busiest.embedding + ["loss head"] * busiest.output
+        line = f"    busiest stage {busiest.index}: peak {mem.train.peak / 1024**3:.1f} GiB"
+        held = (f"({', '.join(what)}; "
+                f"{plural(busiest.in_flight, 'micro-batch', 'micro-batches')} in flight)")
+        out += ([f"{line} {held}"] if len(line) + 1 + len(held) <= WIDTH
+                else [line, f"      {held}"])
     return out
 
 
