@@ -259,3 +259,79 @@ def test_router_settings_as_megatron_core_judges_them(name):
             transformer_config(result.spec.arch)
     else:
         transformer_config(result.spec.arch)
+
+
+# ---------------------------------------------------------------- V737: prompt lengths
+
+# the pre-tokenizer regexes of Qwen2/Qwen3's and DeepSeek-V3's tokenizer.json
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+DEEPSEEK_SPLITS = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+                   r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?"""
+                   r"""[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def _bpe(splits: tuple[str, ...], corpus: list[str]):
+    """A byte-level BPE of 20,000 tokens with these pre-tokenizer splits, trained on corpus
+    (the tokenizers library the runtime's transformers tokenizers run on)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=20000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    return tokenizer
+
+
+def test_fewest_tokens_is_a_lower_bound_of_byte_level_bpe():
+    """Trained on the very text it then encodes (its merges at their most effective), neither
+    tokenizer makes fewer tokens than the bound, on the docs' lines and on random strings of
+    marks, CJK, digits and punctuation."""
+    import random
+
+    from vime.check.data_files import fewest_tokens
+
+    corpus = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))]
+    tokenizers = [_bpe((QWEN_SPLIT,), corpus * 3), _bpe(DEEPSEEK_SPLITS, corpus * 3)]
+    lines = [line for text in corpus for line in text.splitlines()]
+    pick = random.Random(47)
+    alphabet = "abcXYZ 0123456789_-'\n\t.,;é\u0301汉字नमस्ते²½<|>ｆ"
+    texts = lines + ["e\u0301te\u0301", "don't", "x=1234567; foo_bar(baz)", "<|im_start|>u<|im_end|>"]
+    texts += ["".join(pick.choice(alphabet) for _ in range(pick.randint(1, 60)))
+              for _ in range(2000)]
+    for tokenizer in tokenizers:
+        below = [t for t in texts if len(tokenizer.encode(t).ids) < fewest_tokens(t)]
+        assert not below, below[:3]
+    assert sum(fewest_tokens(line) for line in lines) > 50_000  # the docs are not trivial
+
+
+def _prompts(folder: Path, prompts: list) -> None:
+    (folder / "prompts.jsonl").write_text("".join(
+        json.dumps({"prompt": p, "label": "7"}) + "\n" for p in prompts))
+
+
+def test_prompts_within_max_prompt_len_are_clean(tmp_path):
+    folder = _copy("prompts-longer-than-max-prompt-len", tmp_path)
+    _prompts(folder, ["What is 3 + 4?", [{"role": "user", "content": "Add 3 and 4."}]])
+    assert "V737" not in _codes(folder / "spec.toml")
+
+
+def test_some_overlong_prompts_warn_with_the_share(tmp_path):
+    folder = _copy("prompts-longer-than-max-prompt-len", tmp_path)
+    _prompts(folder, ["What is 3 + 4?", "word " * 40, "What is 5 + 6?"])
+    result = run_spec(folder / "spec.toml")
+    (diag,) = [d for d in result.diagnostics if d.code == "V737"]
+    assert diag.severity == "warning" and "1 of the 3 records" in diag.message
+    assert "at least 40 at" in diag.message and result.ok
+
+
+def test_a_file_longer_than_the_sample_is_a_warning_even_when_all_are_over(tmp_path):
+    """Only the first 20 records are read: later ones may fit, and the driver would train."""
+    folder = _copy("prompts-longer-than-max-prompt-len", tmp_path)
+    _prompts(folder, ["word " * 12] * 25)
+    result = run_spec(folder / "spec.toml")
+    (diag,) = [d for d in result.diagnostics if d.code == "V737"]
+    assert diag.severity == "warning" and "20 of the first 20 records" in diag.message

@@ -1,11 +1,14 @@
-"""V734-V736: what the job reads from the prompt files and the checkpoint's tokenizer files,
-read where vime runs when they are there: the records' metadata keys and labels, and the chat
-template that data.apply_chat_template needs. A file on the cluster only is left to the job."""
+"""V734-V737: what the job reads from the prompt files and the checkpoint's tokenizer files,
+read where vime runs when they are there: the records' metadata keys, labels and prompt
+lengths, and the chat template that data.apply_chat_template needs. A file on the cluster
+only is left to the job."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
+import unicodedata
 from pathlib import Path
 
 from vime.check.registry import Finding, rule
@@ -190,3 +193,101 @@ def labels_for_the_reward(spec: Spec):
                           f"the {reward} reward cannot score those prompts, whose groups "
                           "teach nothing", related=(found.key, reward_key), severity="warning",
                           help="fill in those labels or drop the records")
+
+
+# special tokens written into a prompt (<|im_start|>, DeepSeek's <｜User｜>) are one token each
+_SPECIAL = re.compile(r"<\|[^|>]*\|>|<｜[^｜>]*｜>")
+# maximal runs of letters (any script) and of digits
+_WORDS = re.compile(r"[^\W\d_]+|\d+")
+
+
+def fewest_tokens(text: str) -> int:
+    """A lower bound on the tokens of `text` under the byte-level BPE tokenizers of the models
+    vime runs (Qwen3, DeepSeek-V3, GLM-4.5): their pre-tokenizer regex splits the text into
+    pieces before BPE merges within a piece, and every run of letters and every run of digits
+    starts a piece of its own (a run of digits may make several: Qwen splits each digit), so a
+    text has at least as many tokens as such runs. Combining marks are dropped first (DeepSeek
+    keeps them inside a word's piece), special tokens counted once. A BPE of 20,000 tokens
+    trained on this repository's docs/*.md makes 1.55 tokens per run of them
+    (tests/test_foresight.py checks the bound against such tokenizers): the bound is for
+    certainty, not an estimate."""
+    text = _SPECIAL.sub(" x ", text)
+    text = "".join(ch for ch in text if not unicodedata.category(ch).startswith("M"))
+    return len(_WORDS.findall(text))
+
+
+def _prompt_text(value) -> str:
+    """A record's prompt as text: a string, or the contents of chat messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for message in value:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):  # [{"type": "text", "text": ...}]
+                parts += [p["text"] for p in content
+                          if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        return " ".join(parts)
+    return ""
+
+
+def _input_key(spec: Spec, file_key: str) -> tuple[str, str]:
+    """(the input key's path, the record's name for the prompt) of the file named by file_key."""
+    if file_key == "data.prompt_data":
+        return "data.input_key", spec.data.input_key
+    table = file_key.rsplit(".", 1)[0]
+    dataset = spec.eval.datasets[int(table.split("[", 1)[1].split("]", 1)[0])]
+    return f"{table}.input_key", dataset.input_key
+
+
+@rule("V737", "prompts-fit-max-prompt-len", severity="warning", enforced_by="vime")
+def prompts_fit_max_prompt_len(spec: Spec):
+    """Prompts of a prompt file are longer than rollout.max_prompt_len tokens, which the driver
+    drops.
+
+    The driver tokenizes every record's prompt when the job starts (runtime/rl/data.py,
+    read_prompts) and drops the ones longer than rollout.max_prompt_len tokens, as slime
+    does; a file with none left stops the job after the queue wait with "no prompt of at most
+    rollout.max_prompt_len = 256 tokens (25 longer ones dropped)", and a large share dropped
+    trains on what is left of the data set without saying so at plan time. verl stops on an
+    overlong prompt by default (data.truncation = 'error': "users should increase the
+    max_prompt_length", https://github.com/verl-project/verl/pull/506) and slime filters by
+    token length (https://github.com/THUDM/slime/pull/404). vime loads no tokenizer at plan
+    time (transformers and tokenizers belong to the runtime), so it counts a lower bound of
+    each prompt's tokens: the runs of letters and of digits, each of which the byte-level BPE
+    tokenizers of Qwen3, DeepSeek-V3 and GLM-4.5 make into one token or more (their
+    pre-tokenizer splits the text there before merging; vime.check.data_files.fewest_tokens).
+    The chat template adds tokens on top. Over the first 20 records of each prompt file
+    readable here: when that is the whole file and every prompt is over, the driver stops
+    for certain (an error); otherwise the share over is a warning.
+    Fix: a larger rollout.max_prompt_len (the help line gives one above the longest prompt's
+    bound, with room for the tokenizer's surplus and the template), or a prompt file of
+    shorter prompts."""
+    limit = spec.rollout.max_prompt_len
+    for found in spec.prompt_files:
+        sampled = records(found)
+        if not sampled:
+            continue
+        input_key, name = _input_key(spec, found.key)
+        bounds = [(line, fewest_tokens(_prompt_text(record.get(name)))) for line, record in sampled]
+        over = [(line, bound) for line, bound in bounds if bound > limit]
+        if not over:
+            continue
+        longest = max(bound for _, bound in bounds)
+        suggested = -(-2 * longest // 256) * 256  # twice the bound, a multiple of 256
+        whole_file = len(sampled) < PROMPT_SAMPLE_RECORDS
+        line, bound = over[0]
+        share = (f"{len(over)} of the {'' if whole_file else 'first '}{len(sampled)} records "
+                 f"of {found.key}")
+        text = (f"{share} have more than rollout.max_prompt_len = {limit} tokens (at least "
+                f"{bound} at {found.path}:{line}): the driver drops them")
+        if whole_file and len(over) == len(sampled):
+            yield Finding("rollout.max_prompt_len", text + ", and with none left stops at start",
+                          help=f"rollout.max_prompt_len = {suggested}", related=(found.key,),
+                          severity="error")
+        else:
+            yield Finding("rollout.max_prompt_len", text,
+                          help=f"rollout.max_prompt_len = {suggested} keeps them",
+                          related=(found.key,))
