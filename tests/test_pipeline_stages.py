@@ -241,3 +241,20 @@ def test_megatrons_flag_name_as_a_key_points_at_the_stage_key():
     result = run_spec(SEED, ["train.parallel.decoder_last_pipeline_num_layers=22"])
     (diag,) = [d for d in result.diagnostics if d.code == "V002"]
     assert "did you mean train.parallel.last_stage_layers?" in diag.help
+
+
+def test_forecast_counts_the_pipelines_idle_share():
+    from vime.plan import forecast
+
+    static = [*PP2, "train.dynamic_batch=false", "cluster.gpu=H200"]
+    result = run_spec(SEED, static)  # m = 4 micro-batches over 2 stages: busy 4 ÷ 5
+    found, spec = result.plan.forecast, result.spec
+    length = spec.rollout.max_prompt_len + spec.rollout.max_response_len
+    tokens = spec.derived.samples_per_rollout * length
+    flops = forecast.forward_flops_per_token(spec) * tokens
+    log_probs = next(line for line in found.lines if line.name == "log-probs")
+    assert log_probs.seconds == pytest.approx(
+        flops / spec.train.num_gpus / forecast.FORWARD_FLOPS_PER_S * 5 / 4)
+    assert "pp 2: 80% busy, 4 micro-batches" in log_probs.note
+    flat = run_spec(SEED, ["train.dynamic_batch=false", "cluster.gpu=H200"]).plan.forecast
+    assert "busy" not in next(line.note for line in flat.lines if line.name == "log-probs")

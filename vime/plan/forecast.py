@@ -15,6 +15,7 @@ from math import ceil
 from vime.plan.colocation import RESIDENT, Colocation
 from vime.plan.evidence import Basis
 from vime.plan.memory import MemoryPlan, max_num_seqs, vllm_weight_params
+from vime.plan.stages import bubble_fraction, pipeline
 from vime.resolve.spec import Spec
 
 STEP_DATA = ("docs/data/h200-step-breakdown-resident-32x8-2026-12-02.json",
@@ -110,6 +111,19 @@ def forward_flops_per_token(spec: Spec) -> float:
     return 2 * (arch.params_active - arch.embedding_params) + attention
 
 
+def _pipeline_busy(spec: Spec) -> tuple[float, str]:
+    """The share of a step a pipeline stage computes, m ÷ (m + pp − 1) under 1F1B for m
+    micro-batches (with dynamic_batch, every sample at full length as the forecast takes
+    them), and the note that says so; 1 without a pipeline. Not measured: the calibration
+    ran no pipeline."""
+    pipe = pipeline(spec)
+    if pipe is None:
+        return 1.0, ""
+    count = pipe.micro_batches or pipe.full_length_micro_batches or pipe.most_micro_batches
+    busy = 1 - bubble_fraction(pipe.pp, count)
+    return busy, f"; pp {pipe.pp}: {busy:.0%} busy, {count} micro-batches"
+
+
 def step_forecast(spec: Spec, memory: MemoryPlan | None, colocation: Colocation | None
              ) -> Forecast | None:
     """None where memory is not planned (no model, the torch backends, an unknown GPU)."""
@@ -142,18 +156,20 @@ def step_forecast(spec: Spec, memory: MemoryPlan | None, colocation: Colocation 
     gpus = spec.train.num_gpus
     flops = forward_flops_per_token(spec) * tokens
     passes = 2 if spec.algorithm.kl_loss_coef > 0 else 1  # the reference model's too
-    lines.append(Line("log-probs", passes * flops / gpus / FORWARD_FLOPS_PER_S,
+    busy, idle_note = _pipeline_busy(spec)
+    lines.append(Line("log-probs", passes * flops / gpus / FORWARD_FLOPS_PER_S / busy,
                       f"{tokens:,} tokens × {forward_flops_per_token(spec) / 1e9:.2f} GFLOP "
                       f"÷ {gpus} GPU(s) at {FORWARD_FLOPS_PER_S / 1e12:.0f} TFLOP/s"
-                      + (", actor and reference" if passes == 2 else ""), basis("log-probs")))
+                      + (", actor and reference" if passes == 2 else "") + idle_note,
+                      basis("log-probs")))
     shard = sum(t.bytes for t in memory.train.terms if t.name == "weights") / 2
     trained = min(tokens, spec.train.global_batch_size * spec.train.steps_per_rollout * length)
     lines.append(Line("train", 3 * forward_flops_per_token(spec) * trained / gpus
-                      / TRAIN_FLOPS_PER_S
+                      / TRAIN_FLOPS_PER_S / busy
                       + spec.train.steps_per_rollout * OPTIMIZER_S_PER_PARAM * shard,
                       f"3 × forward at {TRAIN_FLOPS_PER_S / 1e12:.0f} TFLOP/s + "
                       f"{spec.train.steps_per_rollout} optimizer step(s) of {shard / 1e9:.2f} B "
-                      "params", basis("train")))
+                      "params" + idle_note, basis("train")))
     # weight sync
     mode = colocation.mode if colocation is not None else "disaggregated"
     rate = SYNC_BYTES_PER_S[RESIDENT if mode != "offload" else "offload"]
