@@ -72,3 +72,18 @@ def test_the_flex_dispatcher_plans_to_megatrons_flags_and_its_rules():
                             "train.parallel.ep=1", "inference.expert_parallel=false",
                             "train.routing_replay=false"])
     assert "has no experts" in [d for d in dense.diagnostics if d.code == "V309"][0].message
+
+
+def test_vime_plan_says_how_the_moe_layers_dispatch(capsys):
+    from vime.cli import main
+
+    seed = str(ROOT / "specs" / "qwen3_30b.toml")
+    main(["plan", seed])
+    assert "  MoE dispatch: alltoall (NCCL all-to-all over ep 8)\n" in capsys.readouterr().out
+    main(["plan", seed, "--set", 'train.moe_token_dispatcher="flex"'])
+    assert ("  MoE dispatch: flex, deepep over etp × ep = 8 ranks (deep_ep on every training "
+            "node)\n") in capsys.readouterr().out
+    main(["plan", str(ROOT / "specs" / "qwen3_30b.toml"), "--set", 'model.preset="qwen3-8b"',
+          "--set", "train.parallel.ep=1", "--set", "inference.expert_parallel=false",
+          "--set", "train.routing_replay=false"])
+    assert "MoE dispatch" not in capsys.readouterr().out

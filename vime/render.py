@@ -18,6 +18,15 @@ WIDTH = 100
 
 
 # train.transformer_impl as the plan says it (runtime/megatron/model.py decides auto at start)
+def _dispatch(spec, layout) -> str:
+    """How the actor's MoE layers send tokens to other ranks' experts
+    (train.moe_token_dispatcher)."""
+    if spec.train.moe_token_dispatcher == "alltoall":
+        return f"alltoall (NCCL all-to-all over ep {layout.ep})"
+    return (f"flex, {spec.train.moe_flex_backend} over etp × ep = {layout.etp * layout.ep} "
+            "ranks (deep_ep on every training node)")
+
+
 _LAYER_SPEC = {
     "auto": "auto (Transformer Engine where it imports on the nodes, else local)",
     "transformer_engine": "Transformer Engine (TE attention, fused norms, TEGroupedMLP)",
@@ -223,6 +232,8 @@ def plan_text(plan: Plan) -> str:
         origin = f"(from {spec.origin('train.transformer_impl').describe()})"
         out += ([f"{line} {origin}"] if len(line) + len(origin) < 100
                 else [line, f"              {origin}"])
+        if spec.arch.is_moe:
+            out.append(f"  MoE dispatch: {_dispatch(spec, layout)}")
     out.append(f"  micro-batches: {_sequence_path(spec)}")
     out += _pipeline_lines(plan)
     rollout = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
