@@ -46,3 +46,31 @@ def test_an_unmarked_agent_is_found_by_its_open_log_and_stopped_with_the_job():
         agent.wait()
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(abandoned, ignore_errors=True)
+
+
+NODE_KILLED = """
+import os, signal, subprocess, sys
+# Ray's processes run in sessions of their own, out of the node's process group
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                 env=dict(os.environ, {marker}={folder!r}), start_new_session=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the node, killed outright: it stops nothing of its Ray
+"""
+
+
+def test_a_node_killed_outright_leaves_no_ray_process_behind_its_launcher(tmp_path):
+    job_id = f"local-{uuid.uuid4().hex[:8]}"
+    folder = temp_dir(job_id, 0, 0)
+    folder.mkdir()
+    job_dir = tmp_path / job_id
+    job_dir.mkdir()
+    node = subprocess.Popen([sys.executable, "-c",
+                             NODE_KILLED.format(marker=MARKER, folder=str(folder))])
+    try:
+        codes, stopped_by = local._wait(job_dir, [node], lambda: None)
+        assert codes == [-9] and stopped_by is None
+        assert not local.job_processes(job_id)  # the launcher stopped what the node left
+        assert not folder.exists()
+    finally:
+        for pid in local.job_processes(job_id):
+            os.kill(pid, 9)
+        shutil.rmtree(folder, ignore_errors=True)

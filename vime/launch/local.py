@@ -202,7 +202,11 @@ def _wait(job_dir: Path, processes: list[subprocess.Popen], on_poll) -> tuple[li
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     codes = [p.wait() for p in processes]
-    if stopped_by is None:  # a node that ended cleanly left its Ray stopped and its folder gone
+    if stopped_by is None:
+        # A node that ended cleanly left its Ray stopped and its folder gone; one killed
+        # outright (SIGKILL, the OOM killer) left Ray's processes running in their own sessions
+        if job_processes(job_id):
+            stop_job(job_id, [], grace_s=0)
         for folder in temp_dirs(job_id):
             shutil.rmtree(folder, ignore_errors=True)
     return codes, stopped_by
