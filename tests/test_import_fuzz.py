@@ -74,9 +74,11 @@ MODEL_TEXTS = [path.read_text() for path in MODELS]
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    """A copy of the corpus's slime checkout, where a mutated script and models file live."""
+    """A copy of the corpus's slime checkout, where a mutated script and models file live
+    (with a .git folder, so that `source /root/slime/...` is looked for in it)."""
     root = tmp_path_factory.mktemp("checkout")
     shutil.copytree(CORPUS / "slime", root, dirs_exist_ok=True)
+    (root / ".git").mkdir()
     return root
 
 
