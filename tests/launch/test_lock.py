@@ -130,3 +130,33 @@ def test_jobs_racing_for_a_stale_lock_leave_exactly_one_holder(tmp_path, monkeyp
         assert len(won) == 1, (attempt, won, told)
         assert lock.read(folder).job_id == won[0]
         assert told == [won[0]] * 7, (attempt, won, told)
+
+
+def test_a_stale_local_holders_leftover_processes_are_stopped_at_the_takeover(tmp_path):
+    # a launcher and its node killed outright leave Ray's processes, in sessions of their own,
+    # marked with the dead job's id: the job that takes the lock over stops them
+    from types import SimpleNamespace
+
+    from runtime.node.ray_bootstrap import MARKER, temp_dir
+    from vime.launch import local, submit
+
+    folder = tmp_path / "runs" / "tiny-cpu"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = lock.Holder("local-deadbeef", "local", socket.gethostname(), dead.pid, 1,
+                       time.time(), str(folder))
+    folder.mkdir(parents=True)
+    (folder / lock.LOCK_FILE).write_text(json.dumps(gone.__dict__))
+    leftover = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+        env=dict(os.environ, **{MARKER: str(temp_dir("local-deadbeef", 0, 0))}))
+    try:
+        assert leftover.pid in local.job_processes("local-deadbeef")
+        prepared = SimpleNamespace(experiment_dir=folder, plan=SimpleNamespace(
+            spec=SimpleNamespace(model=SimpleNamespace(save=None, load=None))))
+        submit._acquire(prepared, "local-next", "local", os.getpid())
+        assert lock.read(folder).job_id == "local-next"
+        assert leftover.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        leftover.kill()
+        leftover.wait()

@@ -163,6 +163,20 @@ def _acquire(prepared: Prepared, job_id: str, launcher: str, pid: int | None) ->
     for stale in replaced:
         print(f"vime: {stale.describe()} is gone; its lock on the run's folders is taken over",
               file=sys.stderr, flush=True)
+        if stale.launcher == "local":  # judged stale on this host: its launcher is dead
+            _stop_leftovers(stale.job_id)
+
+
+def _stop_leftovers(job_id: str) -> None:
+    """The processes of a local job whose launcher died with its nodes (SIGKILL): Ray's, in
+    sessions of their own, marked with the job's id, which nothing else stops."""
+    from vime.launch import local
+
+    left = local.job_processes(job_id)
+    if left:
+        print(f"vime: stopping {len(left)} process(es) job {job_id} left running",
+              file=sys.stderr, flush=True)
+        local.stop_job(job_id, [], grace_s=0)
 
 
 def _release(prepared: Prepared, job_id: str) -> None:
