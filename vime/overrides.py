@@ -7,7 +7,7 @@ import re
 import tomllib
 
 from vime.diagnostics import Diagnostic, Location
-from vime.parse import MAX_NESTING, Path, SpanIndex, deepest, too_deep
+from vime.parse import MAX_NESTING, Path, SpanIndex, deepest, long_integer, too_deep
 
 _KEY_PATH = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _BARE_WORD = re.compile(r"^[A-Za-z_/.~][^\s\"'=\[\]{}#]*$")
@@ -49,6 +49,12 @@ def parse_override(index: int, argument: str) -> Override | Diagnostic:
                               f"--set {key}: {text!r} is not a TOML value", where,
                               help='quote strings: --set data.prompt_data="/data/x.jsonl"')
         value = text.strip()
+    except ValueError:  # int() refused a literal for its length (tomllib's bare ValueError)
+        long = long_integer(text)
+        return Diagnostic("error", "V004", path,
+                          f"--set {key}: an integer of {long[1] if long else 'too many'} digits "
+                          "(Python reads integers of up to 4300)", where,
+                          help="write a number of the key's range (docs/spec.md)")
     if isinstance(value, dict | list) and deepest(value, path[:-1] + ("",)) is not None:
         return deep
     return Override(index, argument, path, value)

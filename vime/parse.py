@@ -20,6 +20,19 @@ Path = tuple[str | int, ...]
 # model.arch's rope_scaling.factor); tomllib recurses once an array or inline table nests, and
 # stops with RecursionError near 500 levels, the later stages (deepcopy, jsonschema) sooner.
 MAX_NESTING = 32
+# an integer literal of more digits than int() converts (sys.get_int_max_str_digits, 4300 by
+# default): tomllib raises a bare ValueError for it, not a TOMLDecodeError
+_LONG_INTEGER = re.compile(r"(?<![\w.])[+-]?\d[\d_]{4000,}")
+
+
+def long_integer(text: str) -> tuple[int, int] | None:
+    """(offset, digits) of the first integer literal in text that int() refuses for its
+    length, or None."""
+    for found in _LONG_INTEGER.finditer(text):
+        digits = sum(ch.isdigit() for ch in found[0])
+        if digits > 4300:
+            return found.start(), digits
+    return None
 
 
 @dataclass(frozen=True)
@@ -183,6 +196,15 @@ def parse(source: Source) -> tuple[dict, SpanIndex]:
                 "tables are written [section])",
             )
         ) from None
+    except ValueError:  # int() refused a literal for its length
+        at, digits = long_integer(source.text) or (0, 0)
+        line = source.text.count("\n", 0, at) + 1
+        col = at - (source.text.rfind("\n", 0, at) + 1) + 1
+        raise ParseError(Diagnostic(
+            "error", "V001", (), f"the spec is not valid TOML for vime: an integer of {digits} "
+            "digits (Python reads integers of up to 4300)",
+            Location(source.name, line, col, source.line(line)),
+            help="write a number of the key's range here (docs/spec.md)")) from None
     spans = SpanIndex(source, _Scanner(source.text).scan())
     deep = deepest(raw)
     if deep is not None:  # dotted keys and [a.b.c] headers nest without brackets
