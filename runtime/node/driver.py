@@ -21,6 +21,7 @@ from runtime import backends
 from runtime.core.slices import JobConfig
 from runtime.node.preflight import spec_dir_of
 from runtime.node.ray_bootstrap import own_signal_handlers
+from runtime.node.startup import Startup
 from runtime.rl import rewards
 from runtime.rl.checkpoint import Checkpoints
 from runtime.rl.data import PromptSampler, read_prompts
@@ -181,7 +182,8 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     from runtime.rl.metrics import MetricsLogger
     from runtime.workers import build, supervisor
 
-    started = time.perf_counter()
+    startup = Startup(log)
+    started = startup.began
     config = JobConfig.from_job(plan, resolved_toml, job_dir)
     checkpoints = checkpoints_of(config)
     for kind, name in (("training", config.train_backend), ("rollout", config.rollout_backend)):
@@ -195,12 +197,14 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     log(f"vime: {len(prompts)} prompts from {config.data.prompt_data}"
         + (f" ({dropped} longer than rollout.max_prompt_len dropped)" if dropped else ""))
     sampler = PromptSampler(prompts, config.seed, config.data.shuffle)
+    startup.mark("prepare")
 
     _connect_ray()
     group = placement.create(plan)
     log("vime: " + group.describe())
+    startup.mark("ray")
     threads = cpu_threads_per_actor(config)
-    train, rollout = build.ray_groups(config, group, threads)
+    train, rollout = build.ray_groups(config, group, threads, startup)
     loop: GRPOLoop | None = None  # built below, once the engines are supervised
 
     def restore_weights(engines) -> None:
@@ -228,6 +232,8 @@ def run(plan: dict, resolved_toml: str, job_dir: Path, resume: bool) -> None:
     restored = loop.restore()
     if resume and not restored:
         log(f"vime: asked to resume, but {config.load_dir} holds no checkpoint: starting fresh")
+    startup.mark("loop_and_restore")
+    metrics.attach(startup.numbers)  # the first record's, after the first push's mark
     try:
         loop.run()
     finally:

@@ -47,8 +47,17 @@ class MetricsLogger:
                                         dir=str(job_dir), config=config or {}, resume="allow")
             except Exception as err:  # an import error, or no login: metrics go on elsewhere
                 self.print(f"vime: Weights & Biases disabled: {type(err).__name__}: {err}")
+        self._attached: list = []  # callables whose numbers join the next record
+
+    def attach(self, numbers) -> None:
+        """numbers() merged into the next record, once: what is known only by then (the
+        start-up's phases, runtime/node/startup.py, end with the first weight push)."""
+        self._attached.append(numbers)
 
     def log(self, rollout_id: int, numbers: dict[str, float]) -> None:
+        attached, self._attached = self._attached, []
+        for extra in attached:
+            numbers = {**numbers, **extra()}
         record = {"rollout": rollout_id, **{k: _plain(v) for k, v in numbers.items()}}
         with open(self.path, "a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from runtime.core import hosts
 from runtime.core.hosts import ENGINE_GPU_SHARE_COLOCATED, TRAIN_GPU_SHARE_COLOCATED
 from runtime.core.slices import JobConfig
+from runtime.node.startup import Startup
 from runtime.workers.groups import RolloutGroup, TrainGroup
 from runtime.workers.host import RolloutWorker, TrainWorker
 
@@ -53,10 +54,17 @@ def local_groups(config: JobConfig, cpu_threads: int = 1) -> tuple[TrainGroup, R
     return TrainGroup([trainer]), RolloutGroup([engine])
 
 
-def ray_groups(config: JobConfig, placement, cpu_threads: int) -> tuple[TrainGroup, RolloutGroup]:
-    """A Ray actor per rank and per engine, each on the bundle of its plan GPU."""
+def ray_groups(config: JobConfig, placement, cpu_threads: int,
+               startup: Startup | None = None) -> tuple[TrainGroup, RolloutGroup]:
+    """A Ray actor per rank and per engine, each on the bundle of its plan GPU. Disaggregated,
+    the ranks build their models while the engines start; colocated, the ranks first, then
+    the engines (an engine sizes its KV cache from the GPU memory it finds free). With
+    `startup`, the phases are marked: actors (the processes up), then actor_build and
+    engine_start, or actor_build_and_engine_start when they overlap; the first push's end
+    is marked by the training group."""
     import ray
 
+    startup = startup or Startup(lambda line: None)
     train_share = TRAIN_GPU_SHARE_COLOCATED if config.colocate else 1.0
     train_cls = ray.remote(TrainWorker)
     trainers = [train_cls.options(**_on(placement, placement.bundle(r["node"], r["gpu"]),
@@ -64,12 +72,23 @@ def ray_groups(config: JobConfig, placement, cpu_threads: int) -> tuple[TrainGro
                 .remote(config.train_backend) for r in config.ranks]
     engines = [new_engine_actor(config, placement, i) for i in range(len(config.engines))]
     address, port = ray.get(trainers[0].rendezvous.remote())
-    ray.get([t.init.remote(config.train_slice(r, address, port, cpu_threads))
-             for r, t in enumerate(trainers)])
-    ray.get([e.start.remote(config.engine_slice(i, cpu_threads,
-                                                engine_bundles(config, placement, i)))
-             for i, e in enumerate(engines)])
-    return (TrainGroup.from_layout(trainers, config.parallel, config.train["balance_data"]),
+    ray.get([e.__ray_ready__.remote() for e in engines])
+    startup.mark("actors")
+    inits = [t.init.remote(config.train_slice(r, address, port, cpu_threads))
+             for r, t in enumerate(trainers)]
+    if config.colocate:
+        startup.detail("slowest_rank_init", max(ray.get(inits)))
+        startup.mark("actor_build")
+
+    starts = [e.start.remote(config.engine_slice(i, cpu_threads,
+                                                 engine_bundles(config, placement, i)))
+              for i, e in enumerate(engines)]
+    if not config.colocate:
+        startup.detail("slowest_rank_init", max(ray.get(inits)))
+    startup.detail("slowest_engine_start", max(ray.get(starts)))
+    startup.mark("engine_start" if config.colocate else "actor_build_and_engine_start")
+    return (TrainGroup.from_layout(trainers, config.parallel, config.train["balance_data"],
+                                   on_first_push=lambda: startup.mark("first_push")),
             RolloutGroup(engines))
 
 

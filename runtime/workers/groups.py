@@ -20,8 +20,10 @@ class TrainGroup:
     (tensor rank 0) reports for the replica."""
 
     def __init__(self, workers: Sequence, data_ranks: Sequence[int] | None = None,
-                 reporting: Sequence[bool] | None = None, balance_data: bool = False):
+                 reporting: Sequence[bool] | None = None, balance_data: bool = False,
+                 on_first_push: Callable[[], object] | None = None):
         self.workers = list(workers)
+        self.on_first_push = on_first_push  # called once the first push has ended
         # train.balance_data: replicas get equal token sums rather than contiguous samples
         self.balance_data = balance_data
         self.data_ranks = list(data_ranks) if data_ranks is not None else list(range(len(workers)))
@@ -37,8 +39,8 @@ class TrainGroup:
                              f"dp {self.data_ranks}, reporting {self.reporting}")
 
     @classmethod
-    def from_layout(cls, workers: Sequence, layout: Layout,
-                    balance_data: bool = False) -> TrainGroup:
+    def from_layout(cls, workers: Sequence, layout: Layout, balance_data: bool = False,
+                    on_first_push: Callable[[], object] | None = None) -> TrainGroup:
         """Rank r of `workers` at layout.coordinates(r): its data-parallel replica, and
         whether it reports for it (tensor and context rank 0).
 
@@ -50,7 +52,7 @@ class TrainGroup:
                              f"{layout.world_size}")
         coords = [layout.coordinates(rank) for rank in range(layout.world_size)]
         return cls(workers, [c["dp"] for c in coords],
-                   [c["tp"] == 0 and c["cp"] == 0 for c in coords], balance_data)
+                   [c["tp"] == 0 and c["cp"] == 0 for c in coords], balance_data, on_first_push)
 
     @property
     def size(self) -> int:
@@ -118,7 +120,11 @@ class TrainGroup:
     def push_weights(self, rollout: RolloutGroup, version: int, bucket_bytes: int) -> int:
         """Weights `version` to every engine of rollout; an engine that dies in the push is
         the rollout group's to handle (RolloutGroup.receive_weights). Returns bytes sent."""
-        return rollout.receive_weights(lambda: self._push(rollout, version, bucket_bytes))
+        sent = rollout.receive_weights(lambda: self._push(rollout, version, bucket_bytes))
+        first, self.on_first_push = self.on_first_push, None
+        if first is not None:
+            first()
+        return sent
 
     def _push(self, rollout: RolloutGroup, version: int, bucket_bytes: int) -> int:
         route = self.sync_route(rollout)

@@ -91,9 +91,12 @@ class TrainWorker(_Host):
         seconds, self._export_s = self._export_s, 0.0
         return seconds
 
-    def init(self, slice: TrainSlice) -> None:
+    def init(self, slice: TrainSlice) -> float:
+        """The backend built and its weights loaded; returns the seconds it took."""
+        began = time.perf_counter()
         self.rank, self.world = slice.rank, slice.world_size
         self.backend.init(slice)
+        return time.perf_counter() - began
 
     def log_probs(self, batch: TrainBatch, model: str):
         return self.backend.log_probs(batch, model)
@@ -186,13 +189,16 @@ class RolloutWorker(_Host):
         self.backend_name = backend_name
         self.backend = backends.load("rollout", backend_name)()
 
-    def start(self, slice: EngineSlice) -> None:
+    def start(self, slice: EngineSlice) -> float:
+        """The engine started (weights, warm-up, KV cache); returns the seconds it took."""
+        began = time.perf_counter()
         if slice.dp > 1 and slice.dp_rank is None:
             from runtime.workers.dp_engine import DataParallelEngine
 
             # its ranks' hosts are RolloutWorkers too, handed down rather than imported there
             self.backend = DataParallelEngine(self.backend_name, RolloutWorker)
         self.backend.start(slice)
+        return time.perf_counter() - began
 
     def where(self) -> dict:
         info = _where()
