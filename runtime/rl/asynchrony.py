@@ -12,7 +12,7 @@ Rollout k+1's samples come from the weights before the training on rollout k, so
 sample lags the actor that trains on it by one version (rollout 0's by none); the losses
 correct it with algorithm.tis, the actor's log-probs against the rollout's own. A push never
 lands mid-generation: it waits for the generation at the boundary. A checkpoint holds the
-generated rollout k+1 (state.json, "in_flight"), so a resumed run trains on the very samples
+generated rollout k+1 (in_flight_rollout.pkl), so a resumed run trains on the very samples
 the uninterrupted one would have and repeats it. docs/runtime.md, "Asynchronous training".
 
 It runs where the actor and the engines can compute at once: GPUs of their own
@@ -22,13 +22,13 @@ refused (vime/check/asynchrony.py, V530).
 
 from __future__ import annotations
 
-import base64
 import pickle
 import statistics
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -37,7 +37,9 @@ from runtime.core.slices import JobConfig
 from runtime.rl.loop import GRPOLoop, Timer, logprob_gap
 from runtime.rl.sampling import Refill
 
-IN_FLIGHT = "in_flight"  # state.json's key of the generated rollout a checkpoint carries
+# the generated next rollout a checkpoint carries: state.json's key, naming its file beside it
+IN_FLIGHT = "in_flight"
+IN_FLIGHT_FILE = "in_flight_rollout.pkl"
 
 
 @dataclass
@@ -122,23 +124,28 @@ class OneStepLoop(GRPOLoop):
 
     # --------------------------------------------------------------------------- resume
 
-    def load_state(self, state: dict) -> None:
-        super().load_state(state)
-        encoded = state.get(IN_FLIGHT)
-        if encoded is not None:
-            generated = pickle.loads(base64.b64decode(encoded))
+    def load_state(self, state: dict, folder: Path) -> None:
+        super().load_state(state, folder)
+        if state.get(IN_FLIGHT):
+            generated = pickle.loads((folder / state[IN_FLIGHT]).read_bytes())
             generated.refill = replace(generated.refill, user_filter=self.group_filter)
             self.in_flight = generated
 
     def checkpoint_state(self, rollout_id: int) -> dict:
-        """The loop's state, and rollout_id + 1 generated (when it is not the last rollout):
-        a resume trains on it as the uninterrupted run does."""
+        """The loop's state, and the file of rollout_id + 1 as generated (when it is not the
+        last rollout): a resume trains on it as the uninterrupted run does."""
         state = super().checkpoint_state(rollout_id)
         if self.in_flight is not None:
-            saved = replace(self.in_flight, refill=replace(self.in_flight.refill,
-                                                           user_filter=None))
-            state[IN_FLIGHT] = base64.b64encode(pickle.dumps(saved)).decode("ascii")
+            state[IN_FLIGHT] = IN_FLIGHT_FILE
         return state
+
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """The generated next rollout (its samples, routed experts included), pickled; the
+        checkpoint's file list checksums it as the ranks' files."""
+        if self.in_flight is None:
+            return {}
+        saved = replace(self.in_flight, refill=replace(self.in_flight.refill, user_filter=None))
+        return {IN_FLIGHT_FILE: pickle.dumps(saved, protocol=pickle.HIGHEST_PROTOCOL)}
 
     # ------------------------------------------------------------------------------ run
 

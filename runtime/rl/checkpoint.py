@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,12 @@ def hf_due(config: JobConfig, rollout_id: int) -> bool:
     rollouts and after the last (0: never)."""
     every = config.save_hf_interval
     return every > 0 and ((rollout_id + 1) % every == 0 or rollout_id + 1 == config.num_rollout)
+
+
+def _write_files(folder: Path, files: Mapping[str, bytes] | None) -> None:
+    """The loop's own files of a checkpoint (name -> content), beside state.json."""
+    for name, content in (files or {}).items():
+        (folder / name).write_bytes(content)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -465,10 +472,12 @@ class Checkpoints:
             if partial_is_stale(stale):
                 shutil.rmtree(stale, ignore_errors=True)
 
-    def prepare(self, rollout_id: int, train, state: dict, record: dict | None = None) -> Pending:
+    def prepare(self, rollout_id: int, train, state: dict, record: dict | None = None,
+                files: Mapping[str, bytes] | None = None) -> Pending:
         """train.save(folder) writes the backends' part (every rank, into the same folder);
-        then the file list with checksums, state.json and the record (record_of), fsync, and
-        the list checked against the disk. Nothing is visible until `commit`.
+        `files` (name -> content) beside it; then the file list with checksums, state.json
+        and the record (record_of), fsync, and the list checked against the disk. Nothing is
+        visible until `commit`.
 
         Raises:
             CheckpointError: no space (said so), or the files written do not match.
@@ -477,10 +486,12 @@ class Checkpoints:
         with self._removed_on_failure(partial):
             partial.mkdir()
             train.save(partial / "train")
+            _write_files(partial, files)
             self._seal(partial, rollout_id, state, record)
         return Pending(rollout_id, partial, final)
 
-    def begin(self, rollout_id: int, train, state: dict, record: dict | None = None) -> Writing:
+    def begin(self, rollout_id: int, train, state: dict, record: dict | None = None,
+              files: Mapping[str, bytes] | None = None) -> Writing:
         """The first half of `prepare` for checkpoint.async_save: train.begin_save(folder)
         returns once every rank holds a host copy of its state, and the ranks write it in the
         background; `finish` completes the save.
@@ -491,6 +502,7 @@ class Checkpoints:
         final, partial = self._new_partial(rollout_id)
         with self._removed_on_failure(partial):
             partial.mkdir()
+            _write_files(partial, files)
             train.begin_save(partial / "train")
         # a copy as of now: the loop's state (the sampler's position) moves on meanwhile
         return Writing(rollout_id, partial, final, json.loads(json.dumps(state)), record)

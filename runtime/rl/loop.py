@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -180,17 +181,23 @@ class GRPOLoop:
             return False
         state = self.checkpoints.read_state(found)
         self.train.load(found / "train")
-        self.load_state(state)
+        self.load_state(state, found)
         self.log(f"vime: resumed from {found} (next rollout {self.next_rollout}, weight "
                  f"version {self.version})")
         return True
 
-    def load_state(self, state: dict) -> None:
-        """The loop's part of a checkpoint's state.json (checkpoint_state wrote it)."""
+    def load_state(self, state: dict, folder: Path) -> None:
+        """The loop's part of a checkpoint: its state.json (checkpoint_state wrote it) and
+        files (checkpoint_files) in `folder`."""
         self.sampler.load_state_dict(state["data"])
         self.next_rollout, self.version = state["next_rollout"], state["weight_version"]
         # checkpoints from before the streak was kept have none: counted from 0
         self.empty_streak = int(state.get("empty_streak", 0))
+
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """The loop's own files in a checkpoint, name -> content, beside state.json (none
+        here)."""
+        return {}
 
     def checkpoint_state(self, rollout_id: int) -> dict:
         """What state.json holds of the loop after rollout `rollout_id`, before its push."""
@@ -574,11 +581,13 @@ class GRPOLoop:
             with timer.phase("save"):
                 # the last rollout's save has nothing to overlap: written before the run ends
                 if config.async_save and rollout_id + 1 < config.num_rollout:
-                    self.writing_save = self.checkpoints.begin(rollout_id, self.train, state,
-                                                               record=record_of(config))
+                    self.writing_save = self.checkpoints.begin(
+                        rollout_id, self.train, state, record=record_of(config),
+                        files=self.checkpoint_files())
                 else:
-                    self.pending_save = self.checkpoints.prepare(rollout_id, self.train, state,
-                                                                 record=record_of(config))
+                    self.pending_save = self.checkpoints.prepare(
+                        rollout_id, self.train, state, record=record_of(config),
+                        files=self.checkpoint_files())
         if hf_due(config, rollout_id):
             with timer.phase("save_hf"):
                 self.checkpoints.save_hf(rollout_id, self.train, config.model.hf_checkpoint,
