@@ -201,3 +201,16 @@ def test_yarn_flags_name_the_missing_capability():
         assert "rope_scaling" in said.message
     [plain] = _findings(import_argv(["--rope-type", "rope"]), "--rope-type")
     assert (plain.code, plain.severity) == ("V965", "note")
+
+
+def test_kernel_choices_and_vocabulary_padding_are_notes():
+    """`--no-rope-fusion` (THUDM/slime scripts/models/deepseek-v3.sh at 624b824a, and four
+    more of the corpus), `--no-masked-softmax-fusion` and `--make-vocab-size-divisible-by 128`
+    (vllm-project/vime scripts/models/gpt-oss-20B.sh at 96e0e22e): choices of kernels and
+    of padding that do not change the layers vime trains."""
+    flags = ["--no-rope-fusion", "--no-masked-softmax-fusion", "--cross-entropy-loss-fusion",
+             "--make-vocab-size-divisible-by", "128"]
+    result = import_argv(flags)
+    for flag in ("--no-rope-fusion", "--no-masked-softmax-fusion",
+                 "--cross-entropy-loss-fusion", "--make-vocab-size-divisible-by"):
+        assert [(f.code, f.severity) for f in _findings(result, flag)] == [("V965", "note")]

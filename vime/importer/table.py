@@ -401,6 +401,13 @@ FLAGS: tuple[Flag, ...] = (
     derived("--moe-token-drop-policy", "vime drops no tokens (no capacity factor)", ("probs",)),
     derived("--moe-grouped-gemm", "vime's experts run as one grouped GEMM"),
     derived("--moe-permute-fusion", "a kernel choice vime makes itself"),
+    derived(("--no-rope-fusion", "--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion",
+             "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm",
+             "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "--moe-router-fusion"),
+            "a fused kernel or its absence: vime's layer spec (train.transformer_impl) chooses "
+            "its kernels, which compute the same layers"),
+    derived("--make-vocab-size-divisible-by", "vime builds the embedding and output layer with "
+            "the checkpoint's vocabulary (config.json's vocab_size), unpadded"),
     derived(("--attention-dropout", "--hidden-dropout"), "vime trains without dropout",
             ("0", "0.0")),
     derived("--accumulate-allreduce-grads-in-fp32", "vime's megatron.args always has it"),
