@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+from vime.check import disk
 from vime.diagnostics import Diagnostic
 from vime.layout import COORDINATES
 from vime.plan import Plan
@@ -258,6 +259,7 @@ def plan_text(plan: Plan) -> str:
     out.append(f"  {_algorithm_line(spec)}")
     out.append(f"  {_lr_line(spec.train.optimizer)}")
     out += _hf_lines(spec)
+    out += disk.plan_lines(spec)
     out += _sampling_lines(spec)
     out += _async_lines(spec)
     out += _function_lines(spec)

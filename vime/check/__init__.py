@@ -8,6 +8,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     checkpoint,
     cluster,
     data_files,
+    disk,
     dispatcher,
     engine_flags,
     files,
