@@ -266,6 +266,8 @@ def _other_family(mapped: Mapped, family: Family, config: dict | None) -> None:
     shown = f"the model args show {family.name}: {', '.join(family.flags)}"
     found = config.get("model_type") if config is not None else None
     if not family.model_types:
+        shows = {text.split()[0] for text in family.flags}
+        mapped.findings[:] = [_shows_family(f, family, shows) for f in mapped.findings]
         mapped.findings.append(Finding(
             "V975", "error", f"{shown}; vime builds {', '.join(sorted(MODEL_TYPES))} only, and "
             "this is none of them", help="train this model with upstream: the spec cannot "
@@ -276,6 +278,18 @@ def _other_family(mapped: Mapped, family: Family, config: dict | None) -> None:
             f"{found!r}", help="check that the sourced models file is this checkpoint's", **at))
     else:
         mapped.findings[:] = [_family_setting(f, family) for f in mapped.findings]
+
+
+def _shows_family(finding: Finding, family: Family, shows: set[str]) -> Finding:
+    """A flag's error that is one of those V975 names (a setting of the family vime does not
+    build), as a note: the V975 error says what vime lacks, once."""
+    flag = finding.message.split(":", 1)[0].split(" ", 1)[0]
+    if finding.severity != "error" or flag not in shows or \
+            finding.code not in ("V963", "V964", "V966"):
+        return finding
+    return Finding("V965", "note", f"{finding.message.split(':', 1)[0]}: a setting of "
+                   f"{family.name.split(' (')[0]}, which vime does not build (V975)",
+                   finding.file, finding.line)
 
 
 def _family_setting(finding: Finding, family: Family) -> Finding:
