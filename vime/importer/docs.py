@@ -60,10 +60,14 @@ def markdown() -> str:
         "```",
         "",
         "The script is read, never run: assignments, arrays and `+=`, `source` of a models "
-        "file beside the script (`VAR=value source FILE` too), `${VAR:-default}`, "
-        "`${A[@]+\"${A[@]}\"}`, `export`, `if [[ ... ]]` on known values, `$(seq a b c)`, "
-        "`$(cd -- DIR && pwd)`, `$(dirname -- PATH)`, `$((...))`, `read` of a here-string of "
-        "known text (`IFS=, read -r -a A <<< \"$LIST\"`) and line continuations; "
+        "file (`VAR=value source FILE` too; a path that is the cluster's, such as "
+        "`/root/slime/scripts/models/X.sh`, is read from the same path's tail in the checkout: "
+        "`--repo-root DIR`, or the folders above the script up to its `.git`), "
+        "`${VAR:-default}`, `${A[@]+\"${A[@]}\"}`, `export`, `if [[ ... ]]` on known values, "
+        "`for ((i=0; i<N; i++))` loops on known integers, `printf -v VAR FORMAT ...`, "
+        "`$(seq a b c)`, `$(cd -- DIR && pwd)`, `$(dirname -- PATH)`, `$([IFS=X;] echo ...)`, "
+        "`$((...))`, `read` of a here-string of known text (`IFS=, read -r -a A <<< \"$LIST\"`) "
+        "and line continuations; "
         "`\"${DIR}/train.py\"` is train.py whatever DIR is. Anything else is reported with its "
         "line (V960, V961) and what it would set is unknown, never guessed; `--env NAME=VALUE` "
         "sets what the script reads from its environment. The flags after `train.py` on the "
@@ -71,7 +75,7 @@ def markdown() -> str:
         "naming the flag and line it came from, and the report lists every flag that did not "
         "become a key. Exit status: 0 the spec is complete, 1 it is written but a flag did "
         "not map (an error in the report), 2 usage (an `-o` file that exists without "
-        "`--force`, an unreadable script).",
+        "`--force`, an unreadable script, a `--repo-root` that is no folder).",
         "",
         "Flags not in the table: `--vllm-X` is vLLM's `--X` and goes to "
         "`inference.extra_args` (V970) when vLLM has it (vime/data/vllm-flags-*.json); a "
