@@ -51,6 +51,7 @@ def test_layers_split_as_megatron_builds_them(layers, pp, first, last, split):
     (94, 4, 50, 47, "94 layers − 50 − 47 = -3 layers"),  # Megatron's modulo passes −3 % 3
     (4, 4, 2, None, "4 layers − 2 = 2 layers do not split evenly"),  # 3 stages, 2 layers
     (48, 1, 48, None, "needs pp ≥ 2"),
+    (48, 2, 0, None, "a stage needs at least 1 layer"),  # the schema's minimum, for the API
 ])
 def test_refused_splits_say_why(layers, pp, first, last, problem):
     found = split_layers(layers, pp, first, last)

@@ -301,3 +301,35 @@ def test_pipeline_weights_and_optimizer_agree_with_megatrons_first_stage():
     dp, edp = result.plan.layout.dp, result.plan.layout.edp
     vime = (first.dense * (6 + 12 / dp) + first.expert * (6 + 12 / edp)) / GiB
     assert vime == pytest.approx(tmu.compute_weight_and_optimizer_memory(args) / GiB, rel=2e-3)
+
+
+def test_vimes_layer_split_is_megatrons_on_every_small_case():
+    """Every split of 1-12 layers over 2-5 stages, with no, each or both of an uneven first and
+    last stage of 0 to layers + 1: vime's split_layers accepts exactly what TransformerConfig and
+    get_num_layers_to_build accept with every stage holding a layer, and gives its layers
+    (4,904 cases). At pp = 1 vime refuses the keys (V209), where Megatron takes first = layers."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from vime.plan.stages import split_layers
+
+    def megatrons(layers, pp, first, last):
+        try:
+            config = TransformerConfig(
+                num_layers=layers, hidden_size=64, num_attention_heads=4,
+                pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16,
+                num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
+            split = tuple(get_num_layers_to_build(config, pp_rank=i) for i in range(pp))
+        except (ValueError, AssertionError):
+            return None
+        return split if min(split) >= 1 and sum(split) == layers else None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for layers in range(1, 13):
+            for pp in range(2, 6):
+                for first in (None, *range(layers + 2)):
+                    for last in (None, *range(layers + 2)):
+                        theirs = megatrons(layers, pp, first, last)
+                        ours = split_layers(layers, pp, first, last)
+                        assert (ours.layers or None) == theirs, (layers, pp, first, last)

@@ -49,6 +49,8 @@ def split_layers(num_layers: int, pp: int, first: int | None = None,
     if pp < 2 or middle_stages < 0:
         return LayerSplit((), f"an uneven first or last stage needs pp ≥ 2 (pp = {pp})",
                           middle_layers, max(middle_stages, 0))
+    if min(given) < 1:  # the schema's minimum; TransformerConfig: "must be larger than 0"
+        return LayerSplit((), "a stage needs at least 1 layer", middle_layers, middle_stages)
     if middle_stages == 0:
         if middle_layers:
             return LayerSplit((), f"first + last stage = {sum(given)} layers, but the model has "
