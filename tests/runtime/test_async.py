@@ -157,6 +157,13 @@ def test_async_off_runs_the_synchronous_loop_unchanged(tmp_path):
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
+def test_a_colocated_run_whose_actor_and_engine_stay_resident_overlaps(tmp_path):
+    loop, config = _run(tmp_path, "resident", rollout__num_rollout="3", train__offload='"never"',
+                        **ONE_STEP)
+    assert config.resident and not config.takes_turns and isinstance(loop, OneStepLoop)
+    _assert_pipelined(metrics(config.job_dir))
+
+
 def test_a_colocated_run_taking_turns_is_refused(tmp_path):
     with pytest.raises(ValueError, match="V530"):  # vime plan's check
         job_config(tmp_path, "turns", rollout__num_rollout="1", **ONE_STEP)
