@@ -335,3 +335,25 @@ def test_a_file_longer_than_the_sample_is_a_warning_even_when_all_are_over(tmp_p
     result = run_spec(folder / "spec.toml")
     (diag,) = [d for d in result.diagnostics if d.code == "V737"]
     assert diag.severity == "warning" and "20 of the first 20 records" in diag.message
+
+
+# ---------------------------------------------------------------- V526: evaluations that never run
+
+@pytest.mark.parametrize("edit", [
+    ("at_end = false", "at_end = true"),  # the final weights only
+    ("interval = 5000", "interval = 500"),
+])
+def test_evaluations_that_come_due_are_clean(edit, tmp_path):
+    folder = _copy("evaluation-never-runs", tmp_path)
+    spec = folder / "spec.toml"
+    assert edit[0] in spec.read_text()
+    spec.write_text(spec.read_text().replace(*edit, 1))
+    assert "V526" not in _codes(spec)
+
+
+def test_no_interval_and_no_end_points_at_at_end(tmp_path):
+    folder = _copy("evaluation-never-runs", tmp_path)
+    spec = folder / "spec.toml"
+    spec.write_text(spec.read_text().replace("interval = 5000\n", "", 1))
+    (diag,) = [d for d in run_spec(spec).diagnostics if d.code == "V526"]
+    assert diag.key == "eval.at_end" and "no eval.interval" in diag.message

@@ -1,4 +1,4 @@
-"""V441-V442, V518, V525, V710: settings under which a run starts and goes on, but measures
+"""V441-V442, V518, V525-V526, V710: settings under which a run starts and goes on, but measures
 nothing, keeps nothing to resume from, or serves from weights the push never updates."""
 
 from __future__ import annotations
@@ -39,6 +39,32 @@ def greedy_eval_repeats_one_sample(spec: Spec):
 
 # a run this long is a training run to resume, not a smoke test or a benchmark
 LONG_RUN_ROLLOUTS = 100
+
+
+@rule("V526", "evaluation-never-runs", severity="warning", enforced_by="vime")
+def evaluation_never_runs(spec: Spec):
+    """[[eval.datasets]] are set, but no evaluation comes due in the run.
+
+    The loop evaluates before rollout 0 with eval.at_start, after the last rollout with
+    eval.at_end, and before every rollout r in between that eval.interval divides
+    (runtime/rl/evaluation.py, due). With both flags false and an interval that is absent or
+    not below rollout.num_rollout, no r qualifies: the datasets are loaded and tokenized at
+    start and no eval/ metric is ever logged. Other trainers' users meet the same silence
+    from a validation interval above the run's length
+    (https://github.com/weecology/DeepForest/pull/1019, "val-accuracy-interval is greater than
+    max epochs"; https://github.com/roboflow/rf-detr/pull/452: "Setting validation_interval
+    to a large value ... means we will not run the evaluate() operation").
+    Fix: eval.at_end = true (the final weights), or an eval.interval below
+    rollout.num_rollout."""
+    ev, rollouts = spec.eval, spec.rollout.num_rollout
+    if not ev.datasets or ev.at_start or ev.at_end:
+        return
+    if ev.interval is None or ev.interval >= rollouts:
+        every = "no eval.interval" if ev.interval is None else f"eval.interval = {ev.interval}"
+        yield Finding("eval.interval" if ev.interval is not None else "eval.at_end",
+                      f"{every} in a run of {rollouts} rollouts, with at_start and at_end "
+                      "false: no evaluation ever runs", related=("rollout.num_rollout",),
+                      help=f"eval.at_end = true, or eval.interval = {max(1, rollouts // 10)}")
 
 
 @rule("V441", "checkpoint-only-at-the-end", severity="warning", enforced_by="vime")
