@@ -22,7 +22,8 @@ After the last rollout the final weights are evaluated once more (eval.at_end). 
 runs skip the sleep/offload lines, and so do colocated ones whose actor and engines stay
 resident (plan.json's colocation.mode, from train.offload). Every number of a rollout is
 derived from (experiment.seed, rollout index, sample index) and the checkpointed state, so a
-resumed run repeats exactly what the uninterrupted one would have done.
+resumed run repeats exactly what the uninterrupted one would have done. With rollout.async =
+"one_step", runtime/rl/asynchrony.py generates the next rollout during the train phase.
 """
 
 from __future__ import annotations
