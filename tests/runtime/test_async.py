@@ -5,6 +5,7 @@ and on a real Ray with the rank and the engine in separate processes (slow)."""
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import statistics
 
@@ -12,12 +13,14 @@ import pytest
 import torch
 from runtimekit import ROOT, compile_spec, in_process_loop, job_config, metrics, sets_for
 
+from runtime.core.interfaces import TrainBatch
 from runtime.core.slices import JobConfig
 from runtime.node import driver
 from runtime.rl.asynchrony import (
     IN_FLIGHT_FILE,
     Background,
     OneStepLoop,
+    importance_numbers,
     loop_class,
     overlap_seconds,
 )
@@ -80,6 +83,19 @@ def test_background_returns_and_raises_what_its_function_did():
         Background(fails).result()
     assert overlap_seconds((0.0, 2.0), (1.0, 3.0)) == 1.0
     assert overlap_seconds((0.0, 1.0), (1.0, 3.0)) == 0.0
+
+
+def test_importance_weights_are_the_actor_over_the_rollout_per_trained_token():
+    batch = TrainBatch(tokens=[[1, 2, 3], [1, 4, 5]], prompt_lens=[1, 1],
+                       rollout_log_probs=[[0.0, 0.0], [0.0, -1.0]],
+                       old_log_probs=[[0.0, math.log(3.0)], [math.log(0.25), -1.0]],
+                       loss_mask=[[1, 1], [0, 1]])
+    # trained tokens' weights 1, 3 and 1 (the 0.25 is a tool's token): one of three past 2
+    got = importance_numbers(batch, clip=2.0, clip_low=0.5)
+    assert got["staleness/is_weight_mean"] == pytest.approx(5 / 3)
+    assert got["staleness/is_truncated_share"] == pytest.approx(1 / 3)
+    batch.loss_mask = None  # every token trained: 0.25 is below clip_low
+    assert importance_numbers(batch, 2.0, 0.5)["staleness/is_truncated_share"] == 0.5
 
 
 def test_one_step_overlaps_lags_one_version_and_learns_as_the_synchronous_loop(tmp_path):
