@@ -244,8 +244,7 @@ def _input_key(spec: Spec, file_key: str) -> tuple[str, str]:
 
 @rule("V737", "prompts-fit-max-prompt-len", severity="warning", enforced_by="vime")
 def prompts_fit_max_prompt_len(spec: Spec):
-    """Prompts of a prompt file are longer than rollout.max_prompt_len tokens, which the driver
-    drops.
+    """Prompts longer than rollout.max_prompt_len tokens, which the driver drops.
 
     The driver tokenizes every record's prompt when the job starts (runtime/rl/data.py,
     read_prompts) and drops the ones longer than rollout.max_prompt_len tokens, as slime

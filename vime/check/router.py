@@ -22,8 +22,7 @@ def _key(spec: Spec, name: str) -> str:
 
 @rule("V312", "router-settings-megatron-accepts", enforced_by="megatron", needs_arch=True)
 def router_settings_megatron_accepts(spec: Spec):
-    """The MoE router's score function, expert bias and expert groups are a combination
-    megatron-core refuses.
+    """The MoE router's score function, expert bias and groups are a mix megatron-core refuses.
 
     The Megatron backend builds the router from config.json (runtime/megatron/model.py):
     scoring_func becomes --moe-router-score-function, topk_method "noaux_tc" (DeepSeek-V3,
