@@ -259,3 +259,21 @@ def test_forecast_counts_the_pipelines_idle_share():
     assert "pp 2: 80% busy, 4 micro-batches" in log_probs.note
     flat = run_spec(SEED, ["train.dynamic_batch=false", "cluster.gpu=H200"]).plan.forecast
     assert "busy" not in next(line.note for line in flat.lines if line.name == "log-probs")
+
+
+def test_a_crowded_first_stage_is_told_to_hold_fewer_layers():
+    spec = ROOT / "specs" / "qwen3_235b_pp4.toml"  # stage 0: 24 layers, 4 micro-batches in flight
+    result = run_spec(spec, ["cluster.gpu_memory_gib=39"])
+    (diag,) = [d for d in result.diagnostics if d.code == "V801"]
+    assert "on pipeline stage 0, the busiest of 4" in diag.message
+    assert ("train.parallel.first_stage_layers = 22 (22 + 25 + 25 + 22 layers: 34.9 GiB on the "
+            "busiest stage)") in diag.help
+    fixed = run_spec(spec, ["cluster.gpu_memory_gib=39", "train.parallel.first_stage_layers=22"])
+    assert "V801" not in codes(fixed) and fixed.ok
+
+
+def test_no_fix_of_fewer_than_1024_tokens_per_gpu():
+    # the last stage at 34.9 of 36 GiB: fewer tokens cannot give it 10% headroom
+    result = run_spec(SEED, [*PP2, "cluster.gpu_memory_gib=36"])
+    (diag,) = [d for d in result.diagnostics if d.code == "V801"]
+    assert "max_tokens_per_gpu ≤ 0" not in diag.help and "max_tokens_per_gpu" not in diag.help

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vime.check.registry import Finding, rule
 from vime.plan.memory import CUDA_CONTEXT, HEADROOM_WARNING, GiB, loss_head, memory_plan
+from vime.plan.stages import describe_split, spec_split
 from vime.resolve.spec import Spec
 from vime.words import a
 
@@ -32,12 +35,43 @@ def _train_fixes(spec: Spec, over: float) -> str:
         head = loss_head(spec, tokens).token_bytes if "logits" in terms else 0.0
         per_token = (terms["activations"] + terms.get("uneven routing", 0.0) + head) / tokens
         smaller = int((spec.train.max_tokens_per_gpu * per_token - over) / per_token)
-        if smaller > 0:
+        if smaller >= 1024:
             fixes.append(f"max_tokens_per_gpu ≤ {smaller // 1024 * 1024}")
     if spec.arch.is_moe and spec.arch.num_experts % (par.ep * 2) == 0 and (
             spec.train.num_gpus % (par.etp * par.ep * 2 * par.pp) == 0):
         fixes.append(f"ep = {par.ep * 2}")
+    stage_fix = _stage_fix(spec, plan)
+    if stage_fix:
+        fixes.append(stage_fix)
     return "; or ".join(fixes) if fixes else "more GPUs (nodes), or a larger tp"
+
+
+STAGE_FIX_TRIES = 64  # layers moved off the busiest stage, one at a time, at most
+
+
+def _stage_fix(spec: Spec, plan) -> str | None:
+    """Fewer layers on the busiest stage when it is the first or the last (which also hold the
+    embeddings, or the output layer and the loss head): the most layers it may keep with every
+    stage at ≤ 90% of the GPU, as first_stage_layers or last_stage_layers."""
+    if len(plan.stages) < 2:
+        return None
+    busiest = plan.stages[plan.busiest_stage].stage
+    if not (busiest.embedding or busiest.output):
+        return None
+    name = "first_stage_layers" if busiest.embedding else "last_stage_layers"
+    target = plan.train.capacity * (1 - HEADROOM_WARNING)
+    par = spec.train.parallel
+    for layers in range(busiest.num_layers - 1, max(busiest.num_layers - 1 - STAGE_FIX_TRIES, 0),
+                        -1):
+        moved = replace(spec, train=replace(spec.train, parallel=replace(par, **{name: layers})))
+        split = spec_split(moved)
+        if split.problem:
+            continue
+        found = memory_plan(moved)
+        if found is not None and found.train.peak <= target:
+            return (f"train.parallel.{name} = {layers} ({describe_split(split.layers)} layers: "
+                    f"{_gib(found.train.peak)} on the busiest stage)")
+    return None
 
 
 @rule("V801", "train-memory-fits", enforced_by="megatron", needs_arch=True)
@@ -80,7 +114,7 @@ def train_memory_fits(spec: Spec):
     the error seen): the less of the peak is ●, the less a small headroom means.
     docs/memory-validation.md says how close it is.
     Fix: the help line lists what would make it fit (CPU Adam, recompute, fewer tokens per
-    GPU, more expert parallelism)."""
+    GPU, more expert parallelism, fewer layers on a crowded first or last pipeline stage)."""
     plan = memory_plan(spec)
     if plan is None:
         return
