@@ -215,7 +215,7 @@ def test_dynamic_batch_states_one_schedule_for_every_stage():
     assert result.spec.train.dynamic_batch and result.plan.pipeline.micro_batches is None
     text = plan_text(result.plan)
     assert "runs the most any rank packs (all-reduced, as slime does): one schedule" in text
-    assert "≤ 4 per step per dp rank" in text
+    assert "≤ 4 per step per dp rank (2 with every sample at full length); fewer than 2 idle" in text
     # one sample a dp rank per step cannot fill 4 stages, however it packs
     few = run_spec(SEED, [*PP4, "train.parallel.last_stage_layers=22", "rollout.batch_size=2",
                           "train.global_batch_size=4"])

@@ -386,13 +386,14 @@ def _pipeline_lines(plan: Plan) -> list[str]:
                 "as many as each step needs; every rank",
                 "    runs the most any rank packs (all-reduced, as slime does): one schedule for "
                 "every stage;",
-                f"    ≤ {pipe.most_micro_batches} per step per dp rank, "
-                f"{pipe.full_length_micro_batches} with every sample at full length "
-                f"(fewer than {pipe.pp} idle stages)"]
+                f"    ≤ {pipe.most_micro_batches} per step per dp rank "
+                f"({pipe.full_length_micro_batches} with every sample at full length); "
+                f"fewer than {pipe.pp} idle stages"]
     mem = plan.memory
     if mem is not None and mem.stages:
         busiest = mem.stages[mem.busiest_stage].stage
-        what = [f"layers {busiest.first_layer}–{busiest.last_layer}"]
+        what = [f"layers {busiest.first_layer}–{busiest.last_layer}" if busiest.num_layers > 1
+                else f"layer {busiest.first_layer}"]
         what += ["embeddings"] * busiest.embedding + ["loss head"] * busiest.output
         line = f"    busiest stage {busiest.index}: peak {mem.train.peak / 1024**3:.1f} GiB"
         held = (f"({', '.join(what)}; "
