@@ -7,11 +7,13 @@ from vime.resolve.model import PRESETS, ArchError, arch_from_config, moe_layer_p
 
 
 @pytest.mark.parametrize(("preset", "total", "active"), [
-    # the model cards: 30.5B / 3.3B, 235B / 22B, 4.0B, 8.2B
+    # the model cards: 30.5B / 3.3B, 235B / 22B, 4.0B, 8.2B, 14.8B, 32.8B
     ("qwen3-30b-a3b", 30.5e9, 3.3e9),
     ("qwen3-235b-a22b", 235e9, 22e9),
     ("qwen3-4b", 4.0e9, 4.0e9),
     ("qwen3-8b", 8.2e9, 8.2e9),
+    ("qwen3-14b", 14.8e9, 14.8e9),
+    ("qwen3-32b", 32.8e9, 32.8e9),
 ])
 def test_parameter_counts_match_the_published_sizes(preset, total, active):
     arch = arch_from_config(PRESETS[preset])

@@ -7,8 +7,8 @@ experts, partial rotary, QKV bias, dense first layers). Which of them the runtim
 vime/support.py's to say.
 
 Presets hold the published config.json values of the Qwen3 checkpoints on the Hugging Face
-hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, Qwen/Qwen3-4B, Qwen/Qwen3-8B), so a spec can
-be planned on a laptop that does not have the weights.
+hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, Qwen/Qwen3-4B, Qwen/Qwen3-8B, Qwen/Qwen3-14B,
+Qwen/Qwen3-32B), so a spec can be planned on a laptop that does not have the weights.
 """
 
 from __future__ import annotations
@@ -76,6 +76,26 @@ PRESETS: dict[str, dict] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "intermediate_size": 12288,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-14b": {
+        **_QWEN3_COMMON,
+        "model_type": "qwen3",
+        "num_hidden_layers": 40,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "intermediate_size": 17408,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-32b": {
+        **_QWEN3_COMMON,
+        "model_type": "qwen3",
+        "num_hidden_layers": 64,
+        "hidden_size": 5120,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "intermediate_size": 25600,
         "tie_word_embeddings": False,
     },
 }
