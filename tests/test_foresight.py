@@ -357,3 +357,28 @@ def test_no_interval_and_no_end_points_at_at_end(tmp_path):
     spec.write_text(spec.read_text().replace("interval = 5000\n", "", 1))
     (diag,) = [d for d in run_spec(spec).diagnostics if d.code == "V526"]
     assert diag.key == "eval.at_end" and "no eval.interval" in diag.message
+
+
+# ---------------------------------------------------------------- V123: positions
+
+CONTEXT = "context-past-trained-positions"
+
+
+def test_a_longer_rotary_table_within_the_trained_context_is_clean():
+    """[model.arch] max_position_embeddings above config.json's only sizes Megatron's table."""
+    spec = FORESIGHT / CONTEXT / "spec.toml"
+    assert "V123" not in _codes(spec, "rollout.max_response_len=32768")
+
+
+def test_allowing_long_max_model_len_is_a_warning_about_the_positions():
+    spec = FORESIGHT / CONTEXT / "spec.toml"
+    result = run_spec(spec, ['cluster.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN="1"'])
+    (diag,) = [d for d in result.diagnostics if d.code == "V123"]
+    assert diag.severity == "warning" and "not trained on" in diag.message and result.ok
+
+
+def test_a_scaled_rotary_embedding_is_not_judged_here(tmp_path):
+    folder = _copy(CONTEXT, tmp_path)
+    _with_config(folder, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                       "original_max_position_embeddings": 40960})
+    assert "V123" not in {d.code for d in run_spec(folder / "spec.toml").diagnostics}

@@ -18,6 +18,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     memory,
     model,
     moe,
+    positions,
     quantization,
     rewards,
     rollout,
