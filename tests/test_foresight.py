@@ -382,3 +382,18 @@ def test_a_scaled_rotary_embedding_is_not_judged_here(tmp_path):
     _with_config(folder, rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                        "original_max_position_embeddings": 40960})
     assert "V123" not in {d.code for d in run_spec(folder / "spec.toml").diagnostics}
+
+
+def test_nested_label_names_the_answer_inside_it():
+    result = run_spec(FORESIGHT / "label-nested-verl-format" / "spec.toml")
+    (diag,) = [d for d in result.diagnostics if d.code == "V736"]
+    assert "a JSON object or list, not an answer" in diag.message
+    assert "reward_model.ground_truth" in diag.help and "jq" in diag.help
+
+
+def test_numeric_labels_are_clean(tmp_path):
+    folder = _copy("labels-all-null", tmp_path)
+    rows = [json.loads(line) for line in (folder / "prompts.jsonl").read_text().splitlines()]
+    (folder / "prompts.jsonl").write_text("".join(
+        json.dumps(dict(r, label=i * 7)) + "\n" for i, r in enumerate(rows)))
+    assert "V736" not in _codes(folder / "spec.toml")

@@ -139,8 +139,28 @@ def chat_template_found(spec: Spec):
                       "into the folder", related=("model.hf_checkpoint",))
 
 
-def _label_missing(value) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip())
+# the names data sets give the answer inside a nested label (verl's reward_model.ground_truth)
+_ANSWER_NAMES = ("ground_truth", "answer", "label", "solution", "target")
+
+
+def label_problem(value) -> str | None:
+    """Why a built-in reward cannot score against this label (it compares str(label) with the
+    response's answer, runtime/rl/rewards.py answers_match), or None."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return "empty"
+    if isinstance(value, dict | list):
+        return "nested"
+    return None
+
+
+def _nested_help(records: list[dict], name: str) -> str:
+    """The fix for labels that are objects: the answer's name inside them, where usual."""
+    inner = next((r[name] for r in records if isinstance(r.get(name), dict)), None)
+    found = [k for k in _ANSWER_NAMES if isinstance(inner, dict) and k in inner]
+    if found:
+        return (f"the answer is {name}.{found[0]}; vime reads a top-level field: write it as "
+                f"one (`jq -c '.answer = .{name}.{found[0]}'`) and set the label key to it")
+    return "point the label key at a field that holds the answer as text or a number"
 
 
 def _reward_of(spec: Spec, file_key: str) -> tuple[str, str, str]:
@@ -154,23 +174,26 @@ def _reward_of(spec: Spec, file_key: str) -> tuple[str, str, str]:
 
 @rule("V736", "labels-for-the-reward", enforced_by="vime")
 def labels_for_the_reward(spec: Spec):
-    """Records of a prompt file have an empty label, and a built-in reward scores them against it.
+    """Records of a prompt file have an empty or nested label, which a built-in reward cannot score.
 
     The built-in rewards (deepscaler, dapo, math; runtime/rl/rewards.py) compare the
     response's final answer with the record's label (data.label_key, or the evaluation
-    dataset's): a null or empty label matches no answer, so every sample of that prompt gets
-    the same reward, every GRPO advantage of its group is 0, and the prompt teaches nothing
-    (in an evaluation dataset it scores as a failure). A file whose sampled labels are all
-    empty makes a run that learns nothing and reports a reward of 0 from the first rollout;
-    users of the other frameworks find it hours in, from a flat reward curve: the raw gsm8k
-    parquet has no ground truth where verl's reward reads it
+    dataset's) as text: a null or empty label matches no answer, and neither does a label
+    that is a JSON object or list (verl's data sets keep the answer one level down, in
+    reward_model.ground_truth, and the reward would compare the object's text), so every
+    sample of that prompt gets the same reward, every GRPO advantage of its group is 0, and
+    the prompt teaches nothing (in an evaluation dataset it scores as a failure). A file
+    whose sampled labels are all unusable makes a run that learns nothing; users of the
+    other frameworks find it hours in, from a flat reward curve: the raw gsm8k parquet has
+    no ground truth where verl's reward reads it
     (https://github.com/verl-project/verl/issues/758), and a reward that could not find its
     answer field scored every sample 0 (https://github.com/AI-Hypercomputer/maxtext/pull/4140,
-    "mean_reward=0.0"). When the file is readable where vime runs, vime reads its first 20 records: every label empty is an error, some a
-    warning with the share. A custom reward (module:function or a server) may not need
-    labels and is not checked.
+    "mean_reward=0.0"). When the file is readable where vime runs, vime reads its first 20
+    records: every label unusable is an error, some a warning with the share. A custom
+    reward (module:function or a server) may read labels of any shape and is not checked.
     Fix: point the label key at the record's answer (data.label_key, or the [[eval.datasets]]
-    table's label_key), or fill in the labels."""
+    table's label_key), lifting a nested answer to a field of its own (the help line gives
+    the jq command), or fill in the labels."""
     for found in spec.prompt_files:
         reward, reward_key, label_key = _reward_of(spec, found.key)
         if reward not in BUILTIN_REWARDS:
@@ -178,21 +201,26 @@ def labels_for_the_reward(spec: Spec):
         sampled = records(found)
         name = spec.data.label_key if label_key == "data.label_key" else \
             spec.eval.datasets[int(label_key.split("[", 1)[1].split("]", 1)[0])].label_key
-        empty = [line for line, record in sampled if _label_missing(record.get(name))]
-        if not empty:
+        problems = [(line, record, label_problem(record.get(name))) for line, record in sampled]
+        bad = [(line, record, problem) for line, record, problem in problems if problem]
+        if not bad:
             continue
-        share = f"{len(empty)} of the first {len(sampled)} records ({found.path}:{empty[0]} first)"
-        if len(empty) == len(sampled):
-            yield Finding(label_key, f"{label_key} = {name!r} is empty or null in {share}: "
-                          f"the {reward} reward scores every sample 0, every advantage is 0 "
+        nested = [record for _, record, problem in bad if problem == "nested"]
+        what = ("a JSON object or list, not an answer" if len(nested) == len(bad)
+                else "empty or null" if not nested else "empty, null or not an answer")
+        share = f"{len(bad)} of the first {len(sampled)} records ({found.path}:{bad[0][0]} first)"
+        fix = _nested_help(nested, name) if nested else \
+            "point the label key at the field that holds the answer, or fill in the labels"
+        if len(bad) == len(sampled):
+            yield Finding(label_key, f"{label_key} = {name!r} is {what} in {share}: the "
+                          f"{reward} reward scores every sample the same, every advantage is 0 "
                           "and the run learns nothing", related=(found.key, reward_key),
-                          help="point the label key at the field that holds the answer, or "
-                          "fill in the labels")
+                          help=fix)
         else:
-            yield Finding(label_key, f"{label_key} = {name!r} is empty or null in {share}: "
-                          f"the {reward} reward cannot score those prompts, whose groups "
-                          "teach nothing", related=(found.key, reward_key), severity="warning",
-                          help="fill in those labels or drop the records")
+            yield Finding(label_key, f"{label_key} = {name!r} is {what} in {share}: the "
+                          f"{reward} reward cannot score those prompts, whose groups teach "
+                          "nothing", related=(found.key, reward_key), severity="warning",
+                          help=fix if nested else "fill in those labels or drop the records")
 
 
 # special tokens written into a prompt (<|im_start|>, DeepSeek's <｜User｜>) are one token each
