@@ -397,3 +397,17 @@ def test_numeric_labels_are_clean(tmp_path):
     (folder / "prompts.jsonl").write_text("".join(
         json.dumps(dict(r, label=i * 7)) + "\n" for i, r in enumerate(rows)))
     assert "V736" not in _codes(folder / "spec.toml")
+
+
+def test_a_resumed_actor_reads_its_checkpoint_and_v121_judges_the_engines(tmp_path):
+    """A run checkpoint to resume from is what the actor loads; the engines still load the
+    quantized folder, into which the resumed actor pushes bf16."""
+    checkpoint = tmp_path / "runs" / "qwen3-30b-a3b-grpo" / "checkpoints" / "rollout_000009"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text('{"format": 1, "rollout": 9, "next_rollout": 10}')
+    (checkpoint / "vime_checkpoint.json").write_text('{"record": 1}')
+    result = run_spec(FORESIGHT / "fp8-checkpoint-as-actor-start" / "spec.toml",
+                      [f'experiment.output_dir="{tmp_path / "runs"}"'])
+    assert result.spec.resume_checkpoint is not None
+    found = {d.code for d in result.diagnostics}
+    assert "V121" in found and "V120" not in found

@@ -68,7 +68,10 @@ def quantization(config: dict | None) -> Quantization | None:
 
 
 def _actor_reads_hf_weights(spec: Spec) -> bool:
-    return not spec.model.random_init and not spec.model.torch_dist_checkpoint
+    """Whether the actor starts from model.hf_checkpoint's weights: not from random weights,
+    a torch_dist checkpoint, or the run checkpoint a resume loads."""
+    return not (spec.model.random_init or spec.model.torch_dist_checkpoint
+                or spec.resume_checkpoint is not None)
 
 
 def _found(spec: Spec) -> Quantization | None:
@@ -112,9 +115,9 @@ def actor_trains_from_quantized_checkpoint(spec: Spec):
     dequantized FP8 checkpoints to bf16 by hand before importing them
     (https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/1746), and a cast that drops the
     scales is https://github.com/Lightricks/LTX-2/pull/172 ("load_state_dict(strict=False)
-    silently drops the weight_scale tensors"). Not checked with model.random_init or a
-    model.torch_dist_checkpoint, which the actor reads instead (V121 then judges the
-    engines' side).
+    silently drops the weight_scale tensors"). Not checked with model.random_init, a
+    model.torch_dist_checkpoint or a run checkpoint to resume from, which the actor reads
+    instead (V121 then judges the engines' side).
     Fix: point model.hf_checkpoint at the bf16 release the quantized one was made from (the
     name without -FP8, -AWQ or -GPTQ-Int4)."""
     found = _found(spec)
@@ -139,8 +142,9 @@ def weight_sync_into_quantized_engine(spec: Spec):
 
     vLLM builds its layers in the checkpoint's quantized form (FP8 weights with
     weight_scale_inv, GPTQ/AWQ qweight with scales and zeros, compressed-tensors' packed
-    weights), and the actor, trained from model.torch_dist_checkpoint, pushes bf16 tensors
-    under the Hugging Face names after every step (runtime/backends/vllm_worker.py,
+    weights), and the actor, started from model.torch_dist_checkpoint or a run checkpoint,
+    pushes bf16 tensors under the Hugging Face names after every step
+    (runtime/backends/vllm_worker.py,
     vime_load; vLLM's layerwise reload, vllm/model_executor/model_loader/reload). The push
     casts bf16 values into float8 or integer parameters and leaves the scales that the
     checkpoint had: vLLM's own report https://github.com/vllm-project/vllm/pull/45835
