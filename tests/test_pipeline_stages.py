@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from specsupport import ROOT, codes, run_spec
 
 from vime.emit import plan_json
@@ -277,3 +279,35 @@ def test_no_fix_of_fewer_than_1024_tokens_per_gpu():
     result = run_spec(SEED, [*PP2, "cluster.gpu_memory_gib=36"])
     (diag,) = [d for d in result.diagnostics if d.code == "V801"]
     assert "max_tokens_per_gpu ≤ 0" not in diag.help and "max_tokens_per_gpu" not in diag.help
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(2, 12), dense=st.integers(0, 3), pp=st.sampled_from([2, 3, 4]),
+       first=st.none() | st.integers(1, 12), last=st.none() | st.integers(1, 12),
+       static=st.booleans())
+def test_any_uneven_split_plans_or_is_refused_with_a_code(layers, dense, pp, first, last, static):
+    """A DeepSeek-V3-like model (dense first layers) over any pipeline: V205 refuses exactly
+    the splits split_layers refuses; what plans has one stage per GPU of a pipeline group, the
+    model's layers and MoE layers over them, and renders."""
+    sets = [f"cluster.gpus_per_node={pp}", f"train.parallel.pp={pp}",
+            f"model.arch.num_hidden_layers={layers}",
+            f"model.arch.first_k_dense_replace={min(dense, layers - 1)}",
+            f"train.dynamic_batch={str(not static).lower()}"]
+    sets += [f"train.parallel.first_stage_layers={first}"] * (first is not None)
+    sets += [f"train.parallel.last_stage_layers={last}"] * (last is not None)
+    result = run_spec(DSV3, sets)
+    refused = split_layers(layers, pp, first, last).problem is not None
+    assert ("V205" in codes(result)) == refused, (sets, codes(result))
+    if not result.ok:
+        assert [d for d in result.diagnostics if d.severity == "error"]
+        return
+    stages = result.plan.pipeline.stages
+    assert len(stages) == pp and sum(s.num_layers for s in stages) == layers
+    assert sum(s.num_moe_layers for s in stages) == result.spec.arch.num_moe_layers
+    assert [s.first_layer for s in stages] == [sum(s.num_layers for s in stages[:i])
+                                               for i in range(pp)]
+    assert len(result.plan.memory.stages) == pp
+    assert max(len(line) for line in plan_text(result.plan).splitlines()) <= 100
+    json.loads(plan_json.dumps(plan_json.plan_object(
+        "spec.toml", result.diagnostics, result.spec, result.plan)))
