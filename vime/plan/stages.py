@@ -22,8 +22,6 @@ class LayerSplit:
 
     layers: tuple[int, ...]  # empty when refused
     problem: str | None = None
-    middle_layers: int = 0  # the layers left after the given first and last stages
-    middle_stages: int = 0  # the stages between them that share those layers
 
 
 def split_layers(num_layers: int, pp: int, first: int | None = None,
@@ -36,39 +34,36 @@ def split_layers(num_layers: int, pp: int, first: int | None = None,
     "Mismatch: N middle layers remaining but M middle PP stages available" when one side is
     zero and "number of layers at middle stage: N must be divisible by the middle pipeline
     model parallel size M" otherwise. A negative rest that megatron-core's modulo lets
-    through (94 − 97 = −3 over 3 middle stages) builds no model: refused here too. pp = 1 with first or last is V209's to refuse.
+    through (94 − 97 = −3 over 3 middle stages) builds no model: refused here too. pp = 1
+    with first or last is V209's to refuse.
     """
     if first is None and last is None:
         if num_layers % pp:
-            return LayerSplit((), f"{num_layers} layers do not split evenly over {pp} stages",
-                              num_layers, pp)
-        return LayerSplit((num_layers // pp,) * pp, None, num_layers, pp)
+            return LayerSplit((), f"{num_layers} layers do not split evenly over {pp} stages")
+        return LayerSplit((num_layers // pp,) * pp)
     given = [count for count in (first, last) if count is not None]
     middle_stages = pp - len(given)
     middle_layers = num_layers - sum(given)
     if pp < 2 or middle_stages < 0:
-        return LayerSplit((), f"an uneven first or last stage needs pp ≥ 2 (pp = {pp})",
-                          middle_layers, max(middle_stages, 0))
+        return LayerSplit((), f"an uneven first or last stage needs pp ≥ 2 (pp = {pp})")
     if min(given) < 1:  # the schema's minimum; TransformerConfig: "must be larger than 0"
-        return LayerSplit((), "a stage needs at least 1 layer", middle_layers, middle_stages)
+        return LayerSplit((), "a stage needs at least 1 layer")
     if middle_stages == 0:
         if middle_layers:
             return LayerSplit((), f"first + last stage = {sum(given)} layers, but the model has "
-                              f"{num_layers} and pp = {pp} leaves no stage between them",
-                              middle_layers, 0)
-        return LayerSplit((first, last), None, 0, 0)
+                              f"{num_layers} and pp = {pp} leaves no stage between them")
+        return LayerSplit((first, last))
     if middle_layers < middle_stages or middle_layers % middle_stages:
-        other = "stage" if middle_stages == 1 else f"{middle_stages} middle stages"
+        other = "middle stage" if middle_stages == 1 else f"{middle_stages} middle stages"
         return LayerSplit((), f"{num_layers} layers − {' − '.join(map(str, given))} = "
-                          f"{middle_layers} layers do not split evenly over the {other}",
-                          middle_layers, middle_stages)
+                          f"{middle_layers} layers do not split evenly over the {other}")
     each = middle_layers // middle_stages
     layers = [each] * pp
     if first is not None:
         layers[0] = first
     if last is not None:
         layers[-1] = last
-    return LayerSplit(tuple(layers), None, middle_layers, middle_stages)
+    return LayerSplit(tuple(layers))
 
 
 def describe_split(layers: tuple[int, ...]) -> str:
