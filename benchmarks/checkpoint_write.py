@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,15 +63,44 @@ def _fsync(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def background_save(state: dict, snapshot: HostSnapshot, folder: Path) -> tuple[float, float]:
-    """(seconds the caller is held: the host copy; seconds of the background write)."""
+def _shards(copy: dict, writers: int) -> list[dict]:
+    """The copy's parameters dealt round-robin into `writers` dicts of the same shape."""
+    shards = [{"model": {}, "optimizer": {}} for _ in range(writers)]
+    for index, name in enumerate(copy["model"]):
+        shards[index % writers]["model"][name] = copy["model"][name]
+        shards[index % writers]["optimizer"][name] = copy["optimizer"][name]
+    return shards
+
+
+def background_save(state: dict, snapshot: HostSnapshot, folder: Path,
+                    crc32: bool = True, writers: int = 1) -> tuple[float, float]:
+    """(seconds the caller is held: the host copy; seconds of the background write). crc32
+    False: torch's zip writer leaves out its CRC32 of each record (checkpoints carry their
+    own sha256 in state.json)."""
     began = time.perf_counter()
     copy = snapshot.copy(state)
     held = time.perf_counter() - began
 
     def write() -> None:
-        torch.save(copy, folder / "model_optim.pt")
-        _fsync(folder / "model_optim.pt")
+        from torch.utils.serialization import config
+
+        config.save.compute_crc32 = crc32
+        try:
+            if writers == 1:
+                torch.save(copy, folder / "model_optim.pt")
+                _fsync(folder / "model_optim.pt")
+                return
+            files = [folder / f"model_optim-{i}.pt" for i in range(writers)]
+            threads = [threading.Thread(target=torch.save, args=(shard, path))
+                       for shard, path in zip(_shards(copy, writers), files, strict=True)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            for path in files:
+                _fsync(path)
+        finally:
+            config.save.compute_crc32 = True
 
     return held, BackgroundWrite(write).wait()
 
@@ -96,6 +126,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dir", type=Path, default=ROOT / "build" / "bench-ckpt")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--writers", type=int, default=1,
+                        help="files written by as many threads (1: model_optim.pt alone)")
+    parser.add_argument("--crc32", choices=("on", "off"), default="on",
+                        help="torch's CRC32 of each zip record (off: not computed)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     state = actor_state(int(args.gb * 1e9), int(args.tensor_mb * 2**20), device)
@@ -106,10 +140,11 @@ def main(argv: list[str] | None = None) -> dict:
         for run in range(args.runs):
             folder = args.dir / f"save-{run}"
             folder.mkdir(exist_ok=True)
-            seconds = background_save(state, snapshot, folder)
+            seconds = background_save(state, snapshot, folder, args.crc32 == "on",
+                                      args.writers)
             held.append(seconds[0])
             written.append(seconds[1])
-            nbytes = (folder / "model_optim.pt").stat().st_size
+            nbytes = sum(path.stat().st_size for path in folder.iterdir())
             shutil.rmtree(folder)
             sequential.append(sequential_write(nbytes, args.dir / "sequential.bin"))
             (args.dir / "sequential.bin").unlink()
@@ -118,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "bytes": nbytes, "runs": args.runs,
+        "bytes": nbytes, "runs": args.runs, "crc32": args.crc32, "writers": args.writers,
         "copy_s": round(min(held), 3),
         "background_write_s": round(min(written), 3),
         "background_gb_per_s": round(nbytes / min(written) / 1e9, 3),

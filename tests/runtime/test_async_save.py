@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import zipfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -175,3 +176,20 @@ def test_a_loop_without_the_sync_point_finishes_each_save_before_the_next(tmp_pa
         "latest", *(f"rollout_{rollout:06d}" for rollout in range(4))]
     for rollout in range(4):
         assert verify(config.save_dir / f"rollout_{rollout:06d}") is None
+
+
+def test_the_backends_files_leave_out_the_zip_crc32_and_load(tmp_path):
+    # every file's sha256 is in state.json; torch's CRC32 of each record costs CPU the write
+    from torch.utils.serialization import config as serialization
+
+    _, _, config = job_config(tmp_path, "crc", **ASYNC)
+    backend = in_process_loop(config).train.workers[0].backend
+    backend.save(tmp_path / "sync")
+    backend.begin_save(tmp_path / "background")
+    backend.finish_save()
+    for folder in ("sync", "background"):
+        with zipfile.ZipFile(tmp_path / folder / "model_optim.pt") as archive:
+            assert {info.CRC for info in archive.infolist()
+                    if info.filename.split("/")[-2] == "data"} == {0}
+        backend.load(tmp_path / folder)
+    assert serialization.save.compute_crc32  # as it was, for other writers
