@@ -8,6 +8,7 @@ head keeps the spec's ports: docs/design.md, "The ports of a job's Ray cluster".
 
 from __future__ import annotations
 
+import socket
 import zlib
 from dataclasses import asdict, dataclass
 
@@ -48,6 +49,18 @@ class PortPlan:
 def job_number(job_id: str) -> int:
     """Slurm ids are numbers; local and --ray-address runs have names, hashed stably."""
     return int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
+
+
+def block_in_use(base: int) -> bool:
+    """Whether a process of this machine listens on the head's ports of the block at base
+    (GCS, Ray client, dashboard): a job of another id hashed into the same block."""
+    for port in (base, base + 1, base + 2):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                return True
+    return False
 
 
 def plan(job_id: str, ray_port: int, dashboard_port: int, fixed_head_ports: bool) -> PortPlan:

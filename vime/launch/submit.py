@@ -210,9 +210,20 @@ def submit_slurm(prepared: Prepared) -> JobFolder:
     return folder
 
 
+# ids drawn for a port block no process of this machine listens on (vime/launch/ports.py)
+ID_DRAWS = 4 * ports.BLOCKS
+
+
 def new_local_id(kind: str) -> str:
+    """A job id for a run here or on a Ray cluster, whose Ray port block (ports.plan) is free
+    on this machine: ids hash into ports.BLOCKS blocks, and two jobs in one block meet on
+    the GCS port."""
     # short: /tmp/vime-<id>-<attempt>-<node>/session_…/sockets/plasma_store < 107 bytes
-    return f"{kind}-{uuid.uuid4().hex[:8]}"
+    for _ in range(ID_DRAWS):
+        job_id = f"{kind}-{uuid.uuid4().hex[:8]}"
+        if not ports.block_in_use(ports.plan(job_id, 0, 0, False).base):
+            return job_id
+    return job_id  # every block busy: Ray says so at its start
 
 
 def _run_here(prepared: Prepared, job_id: str, launcher: str, on_start,
