@@ -19,6 +19,13 @@ DEEPSEEK_V3 = {
     "n_shared_experts": 2, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
 }
 
+# DeepSeek-V3/R1 and Kimi-K2: YaRN rotary scaling, its ramp across the 4 rotary frequencies
+# (original context 256: dimensions 0 to 2) and two mscales, so the rotary frequencies, the
+# cos/sin factor (mscale ÷ mscale_all_dim) and the softmax scale (mscale_all_dim) all move
+DEEPSEEK_V3_YARN = {**DEEPSEEK_V3, "rope_scaling": {
+    "type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256, "beta_fast": 32,
+    "beta_slow": 1, "mscale": 0.9, "mscale_all_dim": 1.0}}
+
 # Moonlight: DeepSeek-V3 without the query's compression (q_lora_rank null), one group
 MOONLIGHT = {**DEEPSEEK_V3, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
              "routed_scaling_factor": 2.446}
@@ -35,5 +42,6 @@ GLM4_MOE = {
 # GLM-4.5-Air: no q/k norm
 GLM4_MOE_AIR = {**GLM4_MOE, "use_qk_norm": False, "routed_scaling_factor": 1.0}
 
-FAMILIES = {"deepseek_v3": DEEPSEEK_V3, "moonlight": MOONLIGHT, "glm4_moe": GLM4_MOE,
+FAMILIES = {"deepseek_v3": DEEPSEEK_V3, "deepseek_v3_yarn": DEEPSEEK_V3_YARN,
+            "moonlight": MOONLIGHT, "glm4_moe": GLM4_MOE,
             "glm4_moe_air": GLM4_MOE_AIR}

@@ -180,9 +180,9 @@ def test_family_specs_against_the_checkpoint_their_script_writes(tmp_path, spec,
 # -- the DeepSeek-V3 and GLM-4.5 families: run, but for the features named -------------------
 
 FAMILY_FEATURES = {
-    "moonlight_16b_a3b": ["MLA without a query latent"],
-    "deepseek_v3": ["scaled rotary"],
-    "kimi_k2": ["scaled rotary"],
+    "moonlight_16b_a3b": [],  # MLA without a query latent: built
+    "deepseek_v3": [],  # YaRN: built
+    "kimi_k2": [],
     "glm_4_5": [],
     "glm_4_5_air": [],
     "glm_4_7": [],
@@ -219,10 +219,35 @@ def test_a_deepseek_v3_config_vllm_would_route_otherwise_is_named(tmp_path, key)
     assert f"without {key}" in diag.message and "another router" in diag.message
 
 
-def test_moonlight_gets_a_planning_only_plan_with_mla_in_the_engine(tmp_path):
+def test_moonlight_plans_with_mla_in_the_engine(tmp_path):
     result = _plan(_checkpoint(tmp_path, "moonlight_16b_a3b"), "rollout.max_response_len=4096")
-    assert codes(result) & {"V102"} and result.sketch is not None, [
+    assert "V102" not in codes(result) and result.ok and result.plan is not None, [
         (d.code, d.message) for d in result.diagnostics if d.severity == "error"]
+
+
+@pytest.mark.parametrize(("rope", "says"), [
+    ({"type": "linear", "factor": 4.0}, "linear scaled rotary"),
+    ({"rope_type": "dynamic", "factor": 4.0}, "dynamic scaled rotary"),
+    ({"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+      "attention_factor": 1.2}, "attention_factor written out"),
+    ({"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+      "mscale_all_dim": 1.0}, "mscale without mscale_all_dim"),
+    ({"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+      "truncate": False}, "not rounded"),
+])
+def test_rotary_scaling_the_backend_does_not_build_is_named_in_words(tmp_path, rope, says):
+    result = _plan(_checkpoint(tmp_path, "deepseek_v3", rope_scaling=rope),
+                   "rollout.max_response_len=4096", "inference.gpus_per_engine=8",
+                   "train.parallel.ep=8")
+    (diag,) = [d for d in result.diagnostics if d.code == "V102"]
+    assert says in diag.message and "{" not in diag.message, diag.message
+
+
+def test_yarn_without_mla_is_named(tmp_path):
+    result = _plan(_checkpoint(tmp_path, "qwen3_30b_a3b", rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}))
+    (diag,) = [d for d in result.diagnostics if d.code == "V102"]
+    assert "YaRN rotary scaling without MLA" in diag.message and "{" not in diag.message
 
 
 @pytest.mark.parametrize("name", ["qwen3_30b_a3b", "qwen3_4b"])

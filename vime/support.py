@@ -27,8 +27,8 @@ SUPPORTED = (
     "Qwen3MoeForCausalLM): full attention with q/k norm and no QKV bias in every layer, "
     "SiLU, rotary embeddings without scaling, tied or untied embeddings, MoE layers by "
     "decoder_sparse_step and mlp_only_layers, no shared expert; DeepSeek-V3 (\"deepseek_v3\", "
-    "\"kimi_k2\", DeepseekV3ForCausalLM) with a query latent (q_lora_rank) and rotary "
-    "embeddings without scaling, and GLM-4.5 (\"glm4_moe\", Glm4MoeForCausalLM: GLM-4.5, 4.6, "
+    "\"kimi_k2\", DeepseekV3ForCausalLM) with or without a query latent (q_lora_rank) and "
+    "rotary embeddings unscaled or YaRN-scaled, and GLM-4.5 (\"glm4_moe\", Glm4MoeForCausalLM: GLM-4.5, 4.6, "
     "4.7, Air): shared experts, dense first layers, sigmoid routing with the expert bias, "
     "groups scored by their best 2 experts, renormalised weights, QKV bias, partial rotary; "
     "their MTP layers (num_nextn_predict_layers) are neither counted nor trained")
@@ -41,14 +41,42 @@ class Unsupported:
     what: str  # what the runtime cannot run, in the user's words
 
 
-def _rope_type(config: dict) -> str | None:
+def _rope_features(config: dict) -> list[Unsupported]:
+    """The rotary scaling of a config.json the runtime does not build: any kind but YaRN,
+    YaRN outside MLA (megatron-core builds it in MLASelfAttention alone), and the YaRN
+    settings megatron-core and vLLM compute otherwise than transformers."""
     for key in ("rope_scaling", "rope_parameters"):
         table = config.get(key)
-        if isinstance(table, dict):
-            kind = table.get("rope_type", table.get("type"))
-            if kind not in (None, "default"):
-                return f"{key}.rope_type"
-    return None
+        if not isinstance(table, dict):
+            continue
+        kind = table.get("rope_type", table.get("type"))
+        if kind in (None, "default"):
+            continue
+        at = f"{key}.{'rope_type' if 'rope_type' in table else 'type'}"
+        if kind != "yarn":
+            return [Unsupported(at, kind, f"{kind} scaled rotary embeddings (only YaRN is "
+                                "built, with MLA)")]
+        if not _number(config, "kv_lora_rank"):
+            return [Unsupported(at, kind, "YaRN rotary scaling without MLA (megatron-core "
+                                "builds YaRN in its multi-latent attention alone)")]
+        found = []
+        if table.get("attention_factor") is not None:
+            found.append(Unsupported(f"{key}.attention_factor", table["attention_factor"],
+                                     "a YaRN attention_factor written out (megatron-core "
+                                     "derives it from mscale and mscale_all_dim)"))
+        if table.get("truncate") is False:
+            found.append(Unsupported(f"{key}.truncate", False, "a YaRN correction range not "
+                                     "rounded to whole dimensions (megatron-core rounds it)"))
+        mscale, all_dim = table.get("mscale"), table.get("mscale_all_dim")
+        if not (mscale and all_dim) and (all_dim or mscale not in (None, 1, 1.0)):
+            # transformers' _compute_yarn_parameters divides the two only where both are
+            # non-zero, megatron-core's _yarn_get_concentration_factor and vLLM always
+            found.append(Unsupported(f"{key}.mscale", mscale, "a YaRN mscale without "
+                                     f"mscale_all_dim or the reverse (mscale_all_dim = "
+                                     f"{all_dim!r}: transformers scales cos and sin by another "
+                                     "factor than megatron-core and vLLM)"))
+        return found
+    return []
 
 
 def unsupported(config: dict) -> list[Unsupported]:
@@ -89,10 +117,7 @@ def unsupported(config: dict) -> list[Unsupported]:
         found.append(Unsupported("use_sliding_window", True, "sliding-window attention"))
     if config.get("attention_bias") is True and not family:  # GLM-4.5's is built
         found.append(Unsupported("attention_bias", True, "QKV bias"))
-    rope = _rope_type(config)
-    if rope is not None:
-        found.append(Unsupported(rope, config[rope.split(".")[0]],
-                                 "scaled rotary embeddings (YaRN, linear, dynamic, mrope)"))
+    found += _rope_features(config)
     partial = config.get("partial_rotary_factor")
     if partial is None and isinstance(config.get("rope_parameters"), dict):  # transformers v5
         partial = config["rope_parameters"].get("partial_rotary_factor")
@@ -123,7 +148,7 @@ def _moe_family_features(config: dict) -> list[Unsupported]:
     """The parts of a DeepSeek-V3 or GLM-4.5 config.json the Megatron backend does not build
     as transformers and vLLM compute them. It builds (tests/oracle/test_megatron_families.py:
     log-probs of transformers' own model to 2e-6 in fp32, weights bit for bit, R3): MLA with
-    a query latent, shared experts, sigmoid scores with the expert bias, group-limited
+    or without a query latent, YaRN, shared experts, sigmoid scores with the expert bias, group-limited
     routing picking half of top_k's groups, scaled routing weights, QKV bias, q/k norms,
     partial rotary, dense first layers."""
     found: list[Unsupported] = []
@@ -135,11 +160,6 @@ def _moe_family_features(config: dict) -> list[Unsupported]:
             if key not in config:
                 found.append(Unsupported(key, None, f"a config.json without {key} = "
                                          f"{value!r} (vLLM then serves another router)"))
-    if _number(config, "kv_lora_rank") and not _number(config, "q_lora_rank"):
-        # megatron-core's local spec builds that projection only norm-fused, from Transformer
-        # Engine (megatron/core/transformer/mla_qk_norm_config.py)
-        found.append(Unsupported("q_lora_rank", config.get("q_lora_rank"),
-                                 "MLA without a query latent on the local layer spec"))
     groups, topk = _number(config, "n_group"), _number(config, "num_experts_per_tok")
     group_topk = _number(config, "topk_group")
     if groups and groups > 1 and topk and group_topk and topk // group_topk != 2:

@@ -220,6 +220,15 @@ def _family_args(arch: Arch) -> dict:
                     qk_pos_emb_head_dim=arch.qk_rope_head_dim, v_head_dim=arch.v_head_dim,
                     rope_type="rope", rotary_base=arch.rope_theta,
                     kv_channels=arch.qk_nope_head_dim + arch.qk_rope_head_dim)
+        if arch.rope_scaling is not None:
+            # MLASelfAttention builds YarnRotaryEmbedding for rope_type "yarn" and scales its
+            # softmax by _yarn_get_mscale(factor, mscale_all_dim)² (multi_latent_attention.py),
+            # as transformers' yarn_apply_mscale and vLLM's deepseek_v2.py do
+            yarn = arch.rope_scaling
+            args.update(rope_type="yarn", rotary_scaling_factor=yarn.factor,
+                        original_max_position_embeddings=yarn.original_max_position_embeddings,
+                        beta_fast=yarn.beta_fast, beta_slow=yarn.beta_slow, mscale=yarn.mscale,
+                        mscale_all_dim=yarn.mscale_all_dim)
     if arch.qkv_bias:
         args["add_qkv_bias"] = True
     if not arch.qk_norm and not arch.is_mla:  # MLA's q/kv latent norms are its qk_layernorm
@@ -434,6 +443,10 @@ def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = 
                              "config with moe_grouped_gemm=True")
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=True,
                                           normalization="RMSNorm", pp_rank=_pipeline_rank())
+        if arch.is_mla and not arch.q_lora_rank:
+            for layer in spec.layer_specs:
+                layer.submodules.self_attention = _query_without_latent(
+                    layer.submodules.self_attention)
         _log_once("vime: layer spec: Transformer Engine (TE attention, fused norms"
                   + (", TEGroupedMLP experts)" if arch.is_moe else ")"))
         return _gpt(GPTModel, arch, config, spec, max_sequence_length, pre_process, post_process)
@@ -456,6 +469,9 @@ def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = 
             # there (mla_qk_norm_config.py)
             attention.q_layernorm = RMSNorm if arch.q_lora_rank else IdentityOp
             attention.kv_layernorm = RMSNorm
+            if not arch.q_lora_rank:
+                layer.submodules.self_attention = _query_without_latent(
+                    layer.submodules.self_attention)
         elif arch.qk_norm:
             attention.q_layernorm = attention.k_layernorm = RMSNorm
         layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
@@ -464,6 +480,49 @@ def build_gpt(arch: Arch, config, max_sequence_length: int, pre_process: bool = 
         _set_experts(spec, config, experts)
     spec.layer_norm = RMSNorm
     return _gpt(GPTModel, arch, config, spec, max_sequence_length, pre_process, post_process)
+
+
+def _query_without_latent(attention_spec):
+    """MLA's spec with the query projected straight from the hidden states (q_lora_rank null:
+    Moonlight, DeepSeek-V2-Lite), as transformers' and vLLM's q_proj: a plain
+    column-parallel linear, the key-value latent's norm resolved as megatron-core resolves it.
+    megatron-core's QKNormConfigResolver (mla_qk_norm_config.py) builds that projection only
+    as a norm-fused linear while the key-value latent has its norm: a second RMSNorm over the
+    normed hidden states that the checkpoint does not have, and one the local backend has no
+    module for ("qk_layernorm requires TransformerEngine ... to build `linear_q_proj`")."""
+    import dataclasses
+
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    built = _query_without_latent_attention()
+    if attention_spec.module is built:  # layers share their spec objects
+        return attention_spec
+    if attention_spec.module is not MLASelfAttention:
+        raise RuntimeError(f"the MLA layer spec builds {attention_spec.module}, not "
+                           "MLASelfAttention: megatron-core's spec changed "
+                           "(runtime/megatron/model.py)")
+    return dataclasses.replace(attention_spec, module=built)
+
+
+@functools.lru_cache
+def _query_without_latent_attention():
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.mla_qk_norm_config import QKNormConfigResolver
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    class QueryWithoutLatent(MLASelfAttention):
+        def _resolve_qk_norm_config(self, submodules):
+            resolver = QKNormConfigResolver(self.config, submodules)
+            kv_norm = submodules.kv_layernorm or IdentityOp
+            kv_up = (resolver._mla_fused_linear_or_default if resolver._is_trivial(kv_norm)
+                     else resolver._non_fused_or_default)(submodules.linear_kv_up_proj,
+                                                          "linear_kv_up_proj")
+            return dict(linear_q_proj=resolver._non_fused_or_default(submodules.linear_q_proj,
+                                                                     "linear_q_proj"),
+                        linear_q_up_proj=IdentityOp, linear_kv_up_proj=kv_up,
+                        q_layernorm=IdentityOp, kv_layernorm=kv_norm)
+
+    return QueryWithoutLatent
 
 
 def _gpt(GPTModel, arch: Arch, config, spec, max_sequence_length: int, pre_process: bool,

@@ -24,10 +24,7 @@ from moe_families import FAMILIES  # noqa: E402
 
 from vime.resolve.model import arch_from_config  # noqa: E402
 
-# megatron-core 0.19's local spec builds MLA's query projection without a latent
-# (q_lora_rank null: Moonlight) only as a norm-fused linear, which it has from Transformer
-# Engine alone (megatron/core/transformer/mla_qk_norm_config.py)
-BUILT_ON_THE_CPU = ("deepseek_v3", "glm4_moe", "glm4_moe_air")
+BUILT_ON_THE_CPU = ("deepseek_v3", "deepseek_v3_yarn", "moonlight", "glm4_moe", "glm4_moe_air")
 
 
 def _hf_model(config: dict):

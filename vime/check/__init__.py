@@ -22,6 +22,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     quantization,
     rewards,
     rollout,
+    rope,
     router,
     runtime,
     scheduler,

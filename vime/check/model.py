@@ -50,18 +50,19 @@ def runtime_runs_the_model(spec: Spec):
     Supported: Qwen3 dense (model_type "qwen3", Qwen3ForCausalLM) and Qwen3-MoE
     ("qwen3_moe", Qwen3MoeForCausalLM), with tied or untied embeddings and MoE layers placed
     by decoder_sparse_step and mlp_only_layers; the DeepSeek-V3 family ("deepseek_v3",
-    "kimi_k2", DeepseekV3ForCausalLM) and the GLM-4.5 family ("glm4_moe": GLM-4.5, 4.6, 4.7
-    and Air): routed and shared experts, dense first layers, MLA with a query latent,
+    "kimi_k2", DeepseekV3ForCausalLM: DeepSeek-V3/R1, Kimi-K2, Moonlight) and the GLM-4.5
+    family ("glm4_moe": GLM-4.5, 4.6, 4.7 and Air): routed and shared experts, dense first
+    layers, MLA with or without a query latent (q_lora_rank null: Moonlight), YaRN rotary
+    scaling with MLA (megatron-core's YarnRotaryEmbedding and its mscale softmax scale),
     sigmoid routing with the expert bias, group-limited routing, QKV bias and partial
     rotary, trained by the Megatron backend, served by vLLM with the weights it pushes,
-    routes replayed over their MoE layers. Not run, each named in the message: YaRN and
-    other scaled rotary embeddings (DeepSeek-V3/R1, Kimi-K2: megatron-core's MLA would need
-    its YaRN rotary, which the Megatron backend does not build), MLA without a query latent
-    (q_lora_rank null, Moonlight) on the local layer spec (megatron-core builds that
-    projection only norm-fused, from Transformer Engine), group scores that megatron-core
-    sums over top_k ÷ topk_group experts where transformers and vLLM take 2, sigmoid
-    weights not renormalised. Their MTP layers (num_nextn_predict_layers) are neither
-    counted nor trained.
+    routes replayed over their MoE layers. Not run, each named in the message in words:
+    rotary scalings other than YaRN (linear, dynamic, llama3, mrope), YaRN without MLA,
+    a YaRN attention_factor written out, an unrounded correction range (truncate false) or
+    an mscale without mscale_all_dim (transformers scales cos and sin otherwise than
+    megatron-core and vLLM), group scores that megatron-core sums over top_k ÷ topk_group
+    experts where transformers and vLLM take 2, sigmoid weights not renormalised. Their MTP
+    layers (num_nextn_predict_layers) are neither counted nor trained.
     `vime plan` still shows the layout of such a spec, marked as planning only, so its
     GPUs and memory can be studied; `vime compile` and `vime submit` refuse it.
     Fix: a checkpoint of a supported architecture, or remove the [model.arch] key named."""

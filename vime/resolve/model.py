@@ -114,6 +114,27 @@ class ArchError(ValueError):
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """YaRN rotary scaling as config.json's rope_scaling (or rope_parameters) writes it:
+    positions up to original_max_position_embeddings × factor, the frequencies between the
+    beta_fast and beta_slow rotations interpolated, cos/sin scaled by mscale ÷ mscale_all_dim
+    and MLA's softmax by mscale_all_dim's square."""
+
+    kind: str  # "yarn"
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+
+    @property
+    def max_positions(self) -> int:
+        """The context the scaled rotary embedding covers."""
+        return int(self.original_max_position_embeddings * self.factor)
+
+
+@dataclass(frozen=True)
 class Arch:
     model_type: str
     num_layers: int
@@ -150,6 +171,7 @@ class Arch:
     group_topk: int = 1
     routed_scaling_factor: float = 1.0
     mtp_layers: int = 0  # num_nextn_predict_layers: not part of the model trained or served
+    rope_scaling: RopeScaling | None = None  # YaRN; None: rotary embeddings without scaling
 
     @property
     def is_moe(self) -> bool:
@@ -278,6 +300,54 @@ def _optional_int(config: dict, key: str) -> int:
     return 0 if config.get(key) is None else _int(config, key)
 
 
+def rope_scaling_table(config: dict) -> dict | None:
+    """config.json's rope scaling table (transformers v4's rope_scaling, v5's
+    rope_parameters), or None where it scales nothing (absent, or rope_type "default")."""
+    for key in ("rope_scaling", "rope_parameters"):
+        table = config.get(key)
+        if isinstance(table, dict) and table.get("rope_type", table.get("type")) not in (
+                None, "default"):
+            return table
+    return None
+
+
+def _rope_number(table: dict, key: str, default=None, integer: bool = False):
+    value = table.get(key, default)
+    if value is None and default is not None:  # written as null: transformers' default
+        value = default
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
+        raise ArchError("rope_scaling", f"config.json rope_scaling {key!r} is {value!r}, "
+                        f"expected a{'n integer' if integer else ' number'} ≥ 0")
+    return value
+
+
+def read_rope_scaling(config: dict) -> RopeScaling | None:
+    """The YaRN scaling of a config.json; None without scaling or for another kind (linear,
+    dynamic, llama3, mrope: vime/support.py names those).
+
+    Raises:
+        ArchError: a YaRN value that is not a number, or a factor or context below 1.
+    """
+    table = rope_scaling_table(config)
+    if table is None or table.get("rope_type", table.get("type")) != "yarn":
+        return None
+    # transformers' _compute_yarn_parameters: the original context defaults to
+    # max_position_embeddings, the factor to their ratio
+    longest = _int(config, "max_position_embeddings", 2048)
+    original = _rope_number(table, "original_max_position_embeddings", longest, integer=True)
+    factor = _rope_number(table, "factor", longest / original if original else 1.0)
+    if factor < 1 or original < 1:
+        raise ArchError("rope_scaling", f"config.json rope_scaling has factor {factor!r} and "
+                        f"original_max_position_embeddings {original!r}, expected ≥ 1")
+    return RopeScaling(
+        kind="yarn", factor=float(factor), original_max_position_embeddings=original,
+        beta_fast=float(_rope_number(table, "beta_fast", 32.0)),
+        beta_slow=float(_rope_number(table, "beta_slow", 1.0)),
+        mscale=float(_rope_number(table, "mscale", 1.0)),
+        mscale_all_dim=float(_rope_number(table, "mscale_all_dim", 0.0)))
+
+
 def arch_from_config(config: dict) -> Arch:
     """Read the Qwen3 / Qwen3-MoE, DeepSeek-V3 and GLM-4.5 keys of an HF config.json (a dict).
 
@@ -363,4 +433,5 @@ def arch_from_config(config: dict) -> Arch:
         group_topk=_optional_int(config, "topk_group") or 1,
         routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
         mtp_layers=_optional_int(config, "num_nextn_predict_layers"),
+        rope_scaling=read_rope_scaling(config),
     )
