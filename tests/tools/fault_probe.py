@@ -524,8 +524,7 @@ class Probe:
                         *set_args(conflict_keys)], timeout=120, cwd=cwd or self.work, env=self.env)
             running = holder.poll() is None
             holder_id = json.loads((experiment / "lock.json").read_text())["job_id"]
-            named = holder_id in done.text or (what.startswith("--fresh") and str(save) in
-                                               done.text)
+            named = holder_id in done.text or ("--fresh" in flags and str(save) in done.text)
             ok = done.code not in (0, None) and named and no_traceback(done.text) and running
             self.record("lock", what, "refused with a diagnostic naming the job that holds the "
                         "folder (--fresh: or the folder it holds); the running job goes on",
@@ -622,17 +621,22 @@ class Probe:
         before = tree_digest(save)
         corrupted = tree_digest(last)
         started = time.monotonic()
-        done = self.submit(self.tiny, self.base_keys(output, checkpoint__on_corrupt=on_corrupt))
+        # one rollout more than the checkpoints hold: a run whose newest checkpoint is its
+        # last is finished, and nothing reads that checkpoint's sums
+        done = self.submit(self.tiny, self.base_keys(output, checkpoint__on_corrupt=on_corrupt,
+                                                     rollout__num_rollout=ROLLOUTS + 1
+                                                     if on_corrupt == "stop" else ROLLOUTS))
+        jobs = job_folders(output / "tiny-cpu")
+        text = done.text + (node_log(jobs[-1]) if jobs else "")
         after = tree_digest(save)
-        named = last.name in done.text and ("corrupt" in done.text or "incomplete" in done.text)
+        named = last.name in text and ("corrupt" in text or "incomplete" in text)
         if on_corrupt == "stop":
-            ok = done.code not in (0, None) and named and before == after and \
-                no_traceback(done.err)
+            ok = done.code not in (0, None) and named and before == after
             self.record("corrupt", f"{what} (on_corrupt stop)",
-                        "refused before the job starts, naming the checkpoint and what is "
-                        "wrong; no file changed",
+                        "refused by the submit (sizes, state.json) or the job (sums), naming "
+                        "the checkpoint and what is wrong; no file changed",
                         f"exit {done.code}; {'files unchanged' if before == after else 'FILES CHANGED'}; "
-                        + _first_line(done.text, last.name), ok, time.monotonic() - started)
+                        + _first_line(text, "corrupt or incomplete"), ok, time.monotonic() - started)
             return
         aside = save / f"corrupt-{last.name}"
         kept = aside.exists() and tree_digest(aside) == corrupted
@@ -785,7 +789,7 @@ class Probe:
         if self.quick:
             behaviours = ["slow", "status500", "refused"]
         expect = {"slow": "timeout", "hang": "timeout", "status500": "500",
-                  "refused": "refused", "garbage": "scores", "short": "scores",
+                  "refused": "refused", "garbage": "scores", "short": "score(s)",
                   "nan": "nan", "later500": "500", "laterslow": "timeout",
                   "closes": "closed"}
         timeout_s = 3
