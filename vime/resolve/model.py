@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vime import schema
+from vime.resolve.published import PUBLISHED_PRESETS
 
 _QWEN3_COMMON = {
     "vocab_size": 151936,
@@ -99,6 +100,8 @@ PRESETS: dict[str, dict] = {
         "tie_word_embeddings": False,
     },
 }
+
+PRESETS.update(PUBLISHED_PRESETS)
 
 # HF keys vime reads; the ones without a fallback must be present.
 REQUIRED_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
