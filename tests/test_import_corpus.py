@@ -36,28 +36,15 @@ SAME_FAMILY = {"kimi_k2": {"kimi_k2", "deepseek_v3"}}
 # ---------------------------------------------------------------------------------------------
 # SCRIPTS EXPECTED NOT TO PLAN TO THEIR LAYOUT YET, and the capability vime lacks for each.
 # name -> (text the import report, or with "plan:" the plan's diagnostics, must contain; why).
-# Remove a line when its script plans to its layout (the test says so); the lead updates this
-# list as max_position_embeddings from the model args (and rope scaling) land.
+# Remove a line when its script plans to its layout (the test says so).
 # ---------------------------------------------------------------------------------------------
 EXPECTED_GAPS: dict[str, tuple[str, str]] = {
-    # YaRN rope scaling (issue 42), which vime import names as not yet in vime (V964)
-    "slime-deepseek-r1": ("model.arch.rope_scaling", "YaRN rope scaling"),
-    # max_position_embeddings: nothing the script or vime knows gives it (V104 at plan; no
-    # preset of the model, no --max-position-embeddings or --seq-length, no config.json here)
-    "slime-glm4.7-355b-a32b": ("plan:V506", "max_position_embeddings defaulted to 2048"),
-    "slime-moonlight-16b-a3b": ("plan:V506", "max_position_embeddings defaulted to 2048"),
-    # model families vime does not build (V975 names the flags that show each)
-    "slime-qwen2.5-0.5b-reproducibility": ("V975", "Qwen2: QKV bias without q/k norm"),
-    "slime-qwen2.5-0.5b-fully-async": ("V975", "Qwen2: QKV bias without q/k norm"),
-    "slime-search-r1-qwen2.5-3b": ("V975", "Qwen2: QKV bias without q/k norm"),
-    "slime-glm4-9b": ("V975", "GLM-4 dense"),
-    "slime-glm4.7-30b-a3b": ("V975", "GLM-4.7-Flash: latent attention with QKV bias"),
-    "slime-qwen3-next-80b-a3b": ("V975", "Qwen3-Next: gated attention, gated DeltaNet"),
-    "vime-gpt-oss-20b": ("V975", "GPT-OSS: attention sinks, sliding windows"),
+    # the script's own layout does not fit its GPUs: EP 8 × PP 2 (× ETP 1) is 16 ranks on 8
+    # (megatron-core's parallel_state: "world_size (8) is not divisible by
+    # expert_tensor_model_pipeline_parallel size (16)")
+    "slime-glm4.7-30b-a3b": ("plan:V202", "EP 8 × PP 2 on 8 GPUs, refused by megatron-core"),
     # what the script does that vime cannot
     "slime-qwen3-8b-opd": ("--use-opd", "on-policy distillation from a teacher server"),
-    "slime-qwen3-30b-a3b-int4": ("plan:V802", "INT4 rollout weights: vime has no quantization "
-                                 "key and counts the engines' weights in bf16"),
     # upstream's script drops its flags: no '\\' after --update-weight-buffer-size (line 172)
     "slime-kimi-k2-instruct": ("a '\\' missing", "the train.py command ends on line 172"),
 }
@@ -235,26 +222,12 @@ def test_without_repo_root_the_checkout_is_the_folders_above_the_script():
         assert not [f for f in result.findings if f.code == "V974" and f.severity == "error"]
 
 
-@pytest.mark.parametrize("models, shown", [
-    ("vime/scripts/models/gpt-oss-20B.sh", "a GPT-OSS-family model"),
-    ("vime/scripts/models/llama3.1-8B-Instruct.sh", "a Llama"),
-    ("slime/scripts/models/qwen3-next-80B-A3B.sh", "a Qwen3-Next"),
-    ("slime/scripts/models/glm4-9B.sh", "a GLM-4 (dense"),
-    ("slime/scripts/models/qwen2.5-3B.sh", "a Qwen2"),
-])
-def test_a_family_vime_does_not_build_is_named_from_its_models_file(models, shown, tmp_path):
+def test_a_family_vime_does_not_build_is_named_from_its_models_file(tmp_path):
     """The MODEL_ARGS of upstream's models files (the README names them), sourced by a script
     as upstream's run scripts do: V975 names the family, and no Qwen3 is written for it."""
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copy(CORPUS / models, folder / Path(models).name)
-    script = tmp_path / "run.sh"
-    script.write_text(f'SCRIPT_DIR="$(cd -- "$(dirname -- "${{BASH_SOURCE[0]}}")" && pwd)"\n'
-                      f'source "${{SCRIPT_DIR}}/models/{Path(models).name}"\n'
-                      'python3 train.py --actor-num-nodes 1 ${MODEL_ARGS[@]}\n')
-    result = import_script(script, script.read_text(), {})
+    result = _import_models_file("vime/scripts/models/llama3.1-8B-Instruct.sh", tmp_path)
     [family] = [f for f in result.findings if f.code == "V975" and f.severity == "error"]
-    assert family.message.startswith(f"the model args show {shown}"), family.message
+    assert family.message.startswith("the model args show a Llama"), family.message
     # the flags that show the family are said once, by V975: each is a note pointing at it
     shows = family.message.split(": ", 1)[1].split("; vime builds")[0].split(", ")
     for text in shows:
@@ -263,6 +236,45 @@ def test_a_family_vime_does_not_build_is_named_from_its_models_file(models, show
                     and f.message.startswith(flag + ":")], flag
     assert not [key for key in result.values if key.startswith("model.arch")
                 or key == "model.preset"]
+
+
+def _import_models_file(models: str, tmp_path: Path) -> ImportResult:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(CORPUS / models, folder / Path(models).name)
+    script = tmp_path / "run.sh"
+    script.write_text(f'SCRIPT_DIR="$(cd -- "$(dirname -- "${{BASH_SOURCE[0]}}")" && pwd)"\n'
+                      f'source "${{SCRIPT_DIR}}/models/{Path(models).name}"\n'
+                      'python3 train.py --actor-num-nodes 1 ${MODEL_ARGS[@]}\n')
+    return import_script(script, script.read_text(), {})
+
+
+@pytest.mark.parametrize("models, preset, model_type, shows", [
+    ("vime/scripts/models/gpt-oss-20B.sh", "gpt-oss-20b", "gpt_oss", "--softmax-type"),
+    ("slime/scripts/models/qwen3-next-80B-A3B.sh", "qwen3-next-80b-a3b", "qwen3_next",
+     "--use-gated-attention"),
+    ("slime/scripts/models/glm4-9B.sh", "glm-4-9b-0414", "glm4", "--post-mlp-layernorm"),
+    ("slime/scripts/models/qwen2.5-3B.sh", "qwen2.5-3b", "qwen2", "--add-qkv-bias"),
+    ("slime/scripts/models/qwen2.5-0.5B.sh", "qwen2.5-0.5b", "qwen2", "--add-qkv-bias"),
+    ("slime/scripts/models/glm4.7-30B-A3B.sh", "glm-4.7-flash", "glm4_moe_lite",
+     "--add-qkv-bias"),
+])
+def test_a_family_the_planner_reads_is_written_as_its_preset(models, preset, model_type, shows,
+                                                            tmp_path):
+    """A models file of a family vime plans but does not run (vime/support.py's PLANNED_ONLY)
+    is written as the preset its shape matches and the family's model_type, not refused
+    (V975); the flags that show the family (sinks, windows, YaRN, gated attention, QKV bias)
+    are notes that the preset holds them, and `vime plan` says V102."""
+    result = _import_models_file(models, tmp_path)
+    assert not [f for f in result.findings if f.code == "V975"]
+    assert result.values["model.preset"] == preset
+    from vime.resolve.model import PRESETS
+
+    assert PRESETS[preset]["model_type"] == model_type
+    assert result.values.get("model.arch.model_type", model_type) == model_type
+    [note] = [f for f in result.findings if f.message.startswith(shows)]
+    assert note.severity == "note" and ("held by the preset" in note.message or
+                                        "its runtime does not run (V102)" in note.message)
 
 
 def test_qwen3_models_files_stay_qwen3():
@@ -315,7 +327,10 @@ def test_the_loop_that_builds_moe_layer_freq_in_a_models_file_is_followed():
         + "]"
     path = CORPUS / "slime" / "scripts" / "run-deepseek-r1.sh"
     result = import_script(path, path.read_text(), {"BASE_DIR": "/data"})
-    assert result.values["model.arch.mlp_only_layers"] == [0, 1, 2]
+    # the preset deepseek-r1 (first_k_dense_replace 3) has them: the import says they agree
+    assert result.values["model.preset"] == "deepseek-r1"
+    assert [f for f in result.findings if f.message.startswith(
+        "--moe-layer-freq: mlp_only_layers = [0, 1, 2], as in the preset deepseek-r1")]
     assert not [f for f in result.findings if "MOE_LAYER_FREQ" in f.message or
                 "for loop" in f.message]
 

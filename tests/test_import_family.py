@@ -12,7 +12,7 @@ import shlex
 from specsupport import ROOT
 
 from vime.importer import import_argv, table
-from vime.resolve.model import arch_from_config
+from vime.resolve.model import PRESETS, arch_from_config
 from vime.support import unsupported
 
 DEEPSEEK_V3 = shlex.split("""--disable-bias-linear --num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432
@@ -60,6 +60,12 @@ def _arch(result) -> dict:
             if key.startswith("model.arch.")}
 
 
+def _planned(result) -> dict:
+    """The config the planner reads: the preset the model args match, under [model.arch]."""
+    preset = PRESETS.get(result.values.get("model.preset"), {})
+    return {**preset, **_arch(result)}
+
+
 def _errors_of(result, flags) -> list:
     return [f for f in result.findings if f.severity == "error" and f.message.startswith(flags)]
 
@@ -67,8 +73,8 @@ def _errors_of(result, flags) -> list:
 def test_multi_head_latent_attention_is_written_as_the_deepseek_v3_family():
     result = import_argv(["--hf-checkpoint", "/nowhere", *DEEPSEEK_V3])
     assert not _family_said(result), result.findings
-    arch = _arch(result)
-    assert "model.preset" not in result.values
+    arch = _planned(result)
+    assert result.values["model.preset"] == "deepseek-r1"  # DeepSeek-V3's published shape
     assert {key: arch[key] for key in (
         "model_type", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
         "v_head_dim", "n_shared_experts", "scoring_func", "topk_method", "n_group",
@@ -77,7 +83,6 @@ def test_multi_head_latent_attention_is_written_as_the_deepseek_v3_family():
         "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
         "n_shared_experts": 1, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
         "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": True}
-    assert result.origins["model.arch.kv_lora_rank"].flag == "--kv-lora-rank"
     assert not _errors_of(result, ("--multi-latent-attention", "--q-lora-rank",
                                    "--moe-router-score-function", "--moe-router-enable"))
     built = arch_from_config(arch)
@@ -89,13 +94,13 @@ def test_multi_head_latent_attention_is_written_as_the_deepseek_v3_family():
 def test_glm_s_flags_are_written_as_the_glm45_family():
     result = import_argv(["--hf-checkpoint", "/nowhere", *GLM45_AIR])
     assert not _family_said(result), result.findings
-    arch = _arch(result)
+    arch = _planned(result)
+    assert result.values["model.preset"] == "glm-4.5-air"
     assert {key: arch[key] for key in (
         "model_type", "attention_bias", "partial_rotary_factor", "n_shared_experts",
-        "scoring_func", "topk_method", "mlp_only_layers")} == {
+        "scoring_func", "topk_method")} == {
         "model_type": "glm4_moe", "attention_bias": True, "partial_rotary_factor": 0.5,
-        "n_shared_experts": 1, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
-        "mlp_only_layers": [0]}
+        "n_shared_experts": 1, "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
     assert not _errors_of(result, ("--add-qkv-bias", "--rotary-percent",
                                    "--moe-router-score-function"))
     built = arch_from_config(arch)
@@ -104,21 +109,21 @@ def test_glm_s_flags_are_written_as_the_glm45_family():
     assert unsupported(arch) == []
 
 
-def test_qkv_bias_without_qk_norm_is_a_qwen2_vime_does_not_build():
+def test_qkv_bias_without_qk_norm_is_a_qwen2_vime_plans():
+    """Qwen2 is planned, not run (V102 at plan): the model args are its preset."""
     result = import_argv(["--hf-checkpoint", "/nowhere", *QWEN25_05B])
-    said = _family_said(result)
-    assert len(said) == 1 and "Qwen2" in said[0].message, result.findings
-    assert "--add-qkv-bias" in said[0].message and "no --qk-layernorm" in said[0].message
-    assert "none of them" in said[0].message and said[0].severity == "error"
-    assert not _arch(result) and "model.preset" not in result.values
+    assert not _family_said(result), result.findings
+    assert result.values["model.preset"] == "qwen2.5-0.5b"
+    planned = arch_from_config(_planned(result))
+    assert planned.model_type == "qwen2" and planned.qkv_bias and not planned.qk_norm
+    assert unsupported(_planned(result))[0].key == "model_type"
 
 
-def test_latent_attention_with_qkv_bias_is_a_family_vime_does_not_build():
+def test_latent_attention_with_qkv_bias_is_glm_4_7_flash():
     result = import_argv(["--hf-checkpoint", "/nowhere", *GLM47_30B])
-    said = _family_said(result)
-    assert len(said) == 1 and "--multi-latent-attention" in said[0].message, result.findings
-    assert "--add-qkv-bias" in said[0].message
-    assert not _arch(result)
+    assert not _family_said(result), result.findings
+    assert result.values["model.preset"] == "glm-4.7-flash"
+    assert arch_from_config(_planned(result)).is_mla
 
 
 def test_a_config_json_of_another_family_is_v968(tmp_path):
@@ -153,13 +158,13 @@ def test_every_family_key_is_a_model_arch_key():
             assert row.family.split(":")[0] in keys, row.family
 
 
-def test_a_family_vime_does_not_build_is_named_beside_its_config_json(tmp_path):
+def test_a_family_vime_plans_beside_its_config_json_is_not_v975(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,
-        "num_attention_heads": 14, "vocab_size": 151936}))
+        "num_attention_heads": 14, "vocab_size": 151936, "tie_word_embeddings": True}))
     result = import_argv(["--hf-checkpoint", str(tmp_path), *QWEN25_05B])
-    assert [f.code for f in _family_said(result)] == ["V975"]
-    assert not _arch(result)
+    assert not _family_said(result) and not [f for f in result.findings if f.code == "V968"]
+    assert not _arch(result)  # vime reads config.json, and V102 says it is planned only
 
 
 def test_the_router_settings_of_glm_and_deepseek_scripts_are_vime_s():

@@ -32,8 +32,9 @@ class Result:
 
 
 # Errors that leave the plan meaningful: the layout, groups and memory of an architecture the
-# runtime does not run (V102) are still right for megatron-core and vLLM themselves.
-PLANNING_ONLY = frozenset({"V102"})
+# runtime does not run (V102), or of engines whose weights it does not quantize yet (V124), are
+# still right for megatron-core and vLLM themselves.
+PLANNING_ONLY = frozenset({"V102", "V124"})
 
 
 # Errors in the inputs of the memory model: the schema (an unknown key may be a misspelt

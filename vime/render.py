@@ -180,7 +180,8 @@ def _engine_lines(plan: Plan) -> list[str]:
     return lines
 
 
-PLANNING_ONLY = ("PLANNING ONLY: vime's runtime cannot run this model (V102 below); the layout, "
+PLANNING_ONLY = ("PLANNING ONLY: vime's runtime cannot run this model or its engines' quantization "
+                 "(V102, V124 below); the layout, "
                  "groups and memory\nare shown for study, and `vime compile` and `vime submit` "
                  "refuse the spec.\n\n")
 

@@ -18,6 +18,23 @@ MODEL_TYPES: dict[str, str] = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3M
                                "kimi_k2": "DeepseekV3ForCausalLM",
                                "glm4_moe": "Glm4MoeForCausalLM"}
 
+# model_type -> (its transformers class, what of it the runtime does not run): families the
+# planner reads (vime/resolve/model.py counts their parameters and vime import writes them)
+# whose layout and memory `vime plan` shows as planning only (V102)
+PLANNED_ONLY: dict[str, tuple[str, str]] = {
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2's attention (QKV bias without q/k norms)"),
+    "glm4": ("Glm4ForCausalLM", "GLM-4's dense layers (RMSNorms after attention and after "
+             "the MLP, interleaved partial rotary, QKV bias)"),
+    "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", "GLM-4.7-Flash's layers (GLM-4-MoE-Lite: "
+                      "latent attention and sigmoid-routed experts that the Megatron backend "
+                      "and its weight mapping do not build for this class)"),
+    "qwen3_next": ("Qwen3NextForCausalLM", "Qwen3-Next's hybrid layers (gated DeltaNet "
+                   "linear attention, output-gated full attention every "
+                   "full_attention_interval-th layer, a gated shared expert)"),
+    "gpt_oss": ("GptOssForCausalLM", "GPT-OSS's layers (attention sinks, sliding-window "
+                "layers, biases on attention, router and experts, clamped SwiGLU experts)"),
+}
+
 # the DeepSeek-V3 and GLM-4.5 families: MLA, shared experts, sigmoid routing, QKV bias and
 # partial rotary are theirs to have (runtime/megatron/model.py builds them)
 FAMILY_TYPES = frozenset({"deepseek_v3", "kimi_k2", "glm4_moe"})
@@ -85,7 +102,10 @@ def unsupported(config: dict) -> list[Unsupported]:
     found: list[Unsupported] = []
     model_type = config.get("model_type")
     family = model_type in FAMILY_TYPES
-    if model_type is not None and model_type not in MODEL_TYPES:
+    if model_type in PLANNED_ONLY:
+        found.append(Unsupported("model_type", model_type, f"the {model_type} architecture: "
+                                 f"{PLANNED_ONLY[model_type][1]}"))
+    elif model_type is not None and model_type not in MODEL_TYPES:
         found.append(Unsupported("model_type", model_type,
                                  f"the {model_type} architecture"))
     found += _moe_family_features(config)

@@ -1,6 +1,6 @@
-"""V102-V104, V119: the model's architecture, against what the runtime can run, against the
+"""V102-V104, V119, V124: the model's architecture, against what the runtime can run, against the
 checkpoint's own config.json, a context length nothing gives, and its FP8 blocks against the
-engine's tensor parallelism."""
+engine's tensor parallelism; the engines' quantization against what the runtime serves."""
 
 from __future__ import annotations
 
@@ -76,6 +76,31 @@ def runtime_runs_the_model(spec: Spec):
                   help=f"supported: {SUPPORTED}",
                   related=tuple(f"model.arch.{u.key.split('.')[0]}" for u in found[1:]
                                 if u.key.split(".")[0] in spec.model.arch))
+
+
+@rule("V124", "runtime-runs-engine-quantization", enforced_by="vime")
+def runtime_runs_engine_quantization(spec: Spec):
+    """vime's runtime cannot serve the engines' weights quantized yet.
+
+    inference.quantization = "fp8" or "int4" says the engines hold their weights quantized
+    (FP8 with 128 × 128 block scales, or int4 in groups of 128), as slime's and upstream
+    vime's low-precision rollouts do with a quantized checkpoint beside a bf16 actor. vime
+    plans it: the engines' weights are counted at that width, which leaves the KV cache the
+    room the run would have. Its runtime starts vLLM on model.hf_checkpoint and pushes bf16
+    weights after every step (runtime/backends/vllm_worker.py); a push that quantizes on the
+    way is issue 45's to build. Until then such a spec is planned only: `vime plan` shows
+    its layout and memory marked as planning only; `vime compile` and `vime submit` refuse it.
+    Fix: inference.quantization = "none" (bf16 engines, more weight memory: check the
+    plan's KV cache line) to run it with vime today."""
+    kind = spec.inference.quantization
+    if kind == "none":
+        return
+    yield Finding("inference.quantization",
+                  f"vime's runtime does not serve the engines' weights as {kind} yet "
+                  f"(inference.quantization = {kind!r}): the plan counts them at that width, "
+                  "and the run would push bf16 weights into them",
+                  help='inference.quantization = "none" runs bf16 engines (the plan then '
+                  "counts bf16 weights)")
 
 
 def _config_value(config: dict, key: str):

@@ -19,7 +19,7 @@ from vime.importer import table
 from vime.importer.family import FAMILY_FLAGS, QWEN3, Family, family_arch, model_family
 from vime.importer.mapping import Finding, Mapped, Origin, map_flags, max_positions
 from vime.importer.shell import ARGV, Reading, Unknown, Word, read_script
-from vime.support import MODEL_TYPES
+from vime.support import MODEL_TYPES, PLANNED_ONLY
 
 REQUIRED = ("cluster.nodes", "cluster.gpus_per_node", "model.hf_checkpoint", "data.prompt_data",
             "rollout.num_rollout", "rollout.batch_size", "rollout.n_samples_per_prompt")
@@ -96,6 +96,7 @@ def import_words(words: list[Word], name: str, source: str, environ: dict[str, s
     _cluster(mapped, reading)
     _model(mapped)
     max_positions(mapped, _config_json(mapped.values.get("model.hf_checkpoint")))
+    _engine_quantization(mapped)
     _algorithm(mapped)
     _eval(mapped)
     _dynamic_sampling(mapped)
@@ -239,11 +240,15 @@ def _model(mapped: Mapped) -> None:
         return
     from vime.resolve.model import PRESETS
 
-    for name, preset in (PRESETS.items() if family == QWEN3 else ()):
-        if all(_same(preset.get(k, 0), arch[k]) for k in PRESET_KEYS if k in arch) and \
+    for name, preset in PRESETS.items():
+        if preset["model_type"] not in family.model_types:
+            continue
+        if all(_same(_preset_value(preset, k), arch[k]) for k in PRESET_KEYS if k in arch) and \
                 all(k in arch for k in ("num_hidden_layers", "hidden_size")):
             mapped.set("model.preset", name, Origin("the model args (" + ", ".join(
                 origins[k].flag for k in PRESET_KEYS if k in arch) + ")"))
+            if preset["model_type"] in PLANNED_ONLY:
+                _in_preset(mapped, family, name)
             for key, value in sorted(arch.items()):
                 if key in preset and not _same(preset[key], value) or \
                         key not in preset and key not in ("mlp_only_layers",
@@ -254,6 +259,31 @@ def _model(mapped: Mapped) -> None:
             return
     for key, value in sorted(arch.items()):
         mapped.set(f"model.arch.{key}", value, origins[key])
+
+
+def _preset_value(preset: dict, key: str):
+    """A PRESET_KEYS value of a preset, under the names its config.json gives it (GPT-OSS's
+    num_local_experts, DeepSeek-V3's n_routed_experts; an expert as wide as
+    intermediate_size without moe_intermediate_size)."""
+    if key == "num_experts":
+        return preset.get("num_experts", preset.get("num_local_experts",
+                                                    preset.get("n_routed_experts", 0)))
+    if key == "moe_intermediate_size" and _preset_value(preset, "num_experts"):
+        return preset.get(key, preset.get("intermediate_size", 0))
+    return preset.get(key, 0)
+
+
+def _in_preset(mapped: Mapped, family: Family, name: str) -> None:
+    """The errors of the flags that show a family the preset `name` holds (attention sinks,
+    sliding windows, YaRN, gated attention, ...), as notes: the preset's config.json keys
+    describe them, and `vime plan` names what the runtime does not run (V102)."""
+    shows = {text.split()[0] for text in family.flags}
+    mapped.findings[:] = [
+        Finding("V965", "note", f"{f.message.split(':', 1)[0]}: a setting of "
+                f"{family.name.split(' (')[0]}, held by the preset {name}", f.file, f.line)
+        if f.severity == "error" and f.code in ("V963", "V964", "V966")
+        and f.message.split(":", 1)[0].split(" ", 1)[0] in shows else f
+        for f in mapped.findings]
 
 
 def _other_family(mapped: Mapped, family: Family, config: dict | None) -> None:
@@ -298,8 +328,10 @@ def _family_setting(finding: Finding, family: Family) -> Finding:
     if finding.severity != "error" or flag not in FAMILY_FLAGS or finding.code not in \
             ("V963", "V966"):
         return finding
+    built = "which vime plans and its runtime does not run (V102)" if \
+        family.model_types[0] in PLANNED_ONLY else "which vime builds"
     return Finding("V965", "note", f"{finding.message.split(':', 1)[0]}: a setting of "
-                   f"{family.name}, which vime builds", finding.file, finding.line)
+                   f"{family.name.split(' (')[0]}, {built}", finding.file, finding.line)
 
 
 def _family_keys(mapped: Mapped, family: Family, arch: dict, origins: dict) -> None:
@@ -336,6 +368,27 @@ def _same(a, b) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return math.isclose(float(a), float(b), rel_tol=1e-9)
     return a == b
+
+
+# the suffix a quantized release adds to its checkpoint folder's name (Qwen3-30B-A3B-INT4,
+# Qwen3-4B-FP8) -> the engines' inference.quantization
+_QUANTIZED_NAME = re.compile(r"[-_.](FP8|INT4|W4A16)$", re.IGNORECASE)
+
+
+def _engine_quantization(mapped: Mapped) -> None:
+    """inference.quantization from the name of the checkpoint the engines load, where its
+    config.json is not readable here (a readable one's quantization_config says it)."""
+    path = mapped.values.get("model.hf_checkpoint")
+    if not isinstance(path, str) or _config_json(path) is not None:
+        return
+    found = _QUANTIZED_NAME.search(Path(path.rstrip("/")).name)
+    if found is None:
+        return
+    kind = "fp8" if found.group(1).upper() == "FP8" else "int4"
+    origin = mapped.origins.get("model.hf_checkpoint")
+    mapped.set("inference.quantization", kind,
+               Origin(f"the checkpoint's name ({Path(path.rstrip('/')).name})",
+                      origin.file if origin else "", origin.line if origin else 0))
 
 
 def _config_json(hf_checkpoint) -> dict | None:

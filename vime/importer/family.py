@@ -2,9 +2,10 @@
 and GLM-4.5 families that its flags give (the table rows' `family`).
 
 vime/importer/__init__.py's _model writes [model.arch] for Qwen3, Qwen3-MoE, DeepSeek-V3 and
-GLM-4.5; model args that show another family (Qwen2, GLM-4, Llama, GPT-OSS, Qwen3-Next, ...)
-are said (V975) rather than written as a Qwen3.
-The families vime builds are vime/support.py's MODEL_TYPES.
+GLM-4.5, and for the families the planner reads but the runtime does not run (Qwen2, GLM-4,
+GLM-4.7-Flash, Qwen3-Next, GPT-OSS: vime/support.py's PLANNED_ONLY), whose published shapes
+are presets; model args that show another family (Llama, ...) are said (V975) rather than
+written as a Qwen3. The families vime builds are vime/support.py's MODEL_TYPES.
 """
 
 from __future__ import annotations
@@ -65,15 +66,16 @@ def model_family(given: dict[str, tuple[str, ...]]) -> Family:
         shown(*GPT_OSS_FLAGS)
     if oss:
         return Family("a GPT-OSS-family model (attention sinks, sliding-window layers, clamped "
-                      "GeGLU experts)", (), oss + shown(*WINDOW_FLAGS))
+                      "GeGLU experts)", ("gpt_oss",),
+                      oss + shown(*WINDOW_FLAGS) + shown(*LLAMA_ROPE_FLAGS, "--rope-scaling-factor"))
     gated = shown(*GATED_ATTENTION_FLAGS) + tuple(
         text for text in shown("--spec") if "qwen3_next" in text)
     if gated:
         return Family("a Qwen3-Next (gated attention beside gated DeltaNet linear attention)",
-                      (), gated)
+                      ("qwen3_next",), gated)
     if mla and bias:
-        return Family("multi-head latent attention with QKV bias (neither DeepSeek-V3's nor "
-                      "GLM-4.5's attention)", (), mla + bias)
+        return Family("a GLM-4.7-Flash (GLM-4-MoE-Lite: multi-head latent attention with "
+                      "QKV bias)", ("glm4_moe_lite",), mla + bias + router)
     if mla:
         return Family("a DeepSeek-V3-family model (multi-head latent attention)",
                       ("deepseek_v3", "kimi_k2"), mla + router)
@@ -82,9 +84,10 @@ def model_family(given: dict[str, tuple[str, ...]]) -> Family:
                       "shared experts)", ("glm4_moe",), bias + partial + router)
     if bias and "--num-experts" not in given and (partial or shown(*GLM4_FLAGS)):
         return Family("a GLM-4 (dense: QKV bias, partial interleaved rotary, norms after "
-                      "attention and MLP)", (), bias + partial + shown(*GLM4_FLAGS))
+                      "attention and MLP)", ("glm4",), bias + partial + shown(*GLM4_FLAGS))
     if bias and "--qk-layernorm" not in given:
-        return Family("a Qwen2 (QKV bias without q/k norm)", (), bias + ("no --qk-layernorm",))
+        return Family("a Qwen2 (QKV bias without q/k norm)", ("qwen2",),
+                      bias + ("no --qk-layernorm",))
     if partial or router:
         return Family("a model that is not Qwen3 (partial rotary, sigmoid routing or shared "
                       "experts)", (), partial + router)

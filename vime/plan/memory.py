@@ -178,7 +178,19 @@ def actor_shard(spec: Spec) -> ActorShard:
     return max((stage_shard(spec, stage) for stage in found), key=lambda shard: shard.total)
 
 
-def vllm_weight_params(spec: Spec) -> float:
+class EngineWeights(NamedTuple):
+    """Parameters on one vLLM GPU by how a quantized checkpoint stores them."""
+
+    linear: float  # attention, dense MLP and shared-expert projections
+    experts: float  # routed experts' projections
+    other: float  # embeddings, output layer, norms, routers: bf16 in every quantized release
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.experts + self.other
+
+
+def engine_weights(spec: Spec) -> EngineWeights:
     """Parameters on one vLLM GPU: attention, dense MLPs, shared experts and vocabulary by TP
     (MLA's down projections whole); routed experts by EP (the most loaded rank, redundant
     experts included) or, without EP, by TP × DP."""
@@ -186,13 +198,12 @@ def vllm_weight_params(spec: Spec) -> float:
     tp = d.vllm_tp
     heads = 1 if arch.tie_word_embeddings else 2
     dense_layers = arch.num_layers - arch.num_moe_layers
-    sharded = ((arch.attention_params - arch.attention_replicated_params) * arch.num_layers
-               + arch.dense_mlp_params * dense_layers
-               + arch.shared_expert_params * arch.num_moe_layers
-               + heads * arch.embedding_params) / tp
-    replicated = (2 * arch.hidden_size * arch.num_layers
-                  + arch.attention_replicated_params * arch.num_layers
-                  + arch.hidden_size * arch.num_experts * arch.num_moe_layers)
+    linear = ((arch.attention_params - arch.attention_replicated_params) * arch.num_layers
+              + arch.dense_mlp_params * dense_layers
+              + arch.shared_expert_params * arch.num_moe_layers) / tp \
+        + arch.attention_replicated_params * arch.num_layers
+    other = heads * arch.embedding_params / tp + 2 * arch.hidden_size * arch.num_layers \
+        + arch.hidden_size * arch.num_experts * arch.num_moe_layers
     if not arch.is_moe:
         experts = 0.0
     elif spec.inference.expert_parallel:
@@ -202,7 +213,62 @@ def vllm_weight_params(spec: Spec) -> float:
     else:
         experts = arch.num_experts * arch.expert_params * arch.num_moe_layers / (
             tp * spec.inference.data_parallel_size)
-    return sharded + replicated + experts
+    return EngineWeights(linear, experts, other)
+
+
+def vllm_weight_params(spec: Spec) -> float:
+    """Parameters on one vLLM GPU (engine_weights, all of them)."""
+    return engine_weights(spec).total
+
+
+# Bytes per weight of a quantized projection, with its scales: FP8 with one fp32 scale per
+# 128 × 128 block (DeepSeek-V3's, Kimi-K2's and the -FP8 releases' weight_block_size);
+# int4 and other integer widths with a bf16 scale per group of 128 weights (GPTQ's and AWQ's
+# group_size 128, slime's OPEN_TRAINING_INT4_GROUP_SIZE 128); MXFP4 with an 8-bit scale per
+# 32 (OCP microscaling). Embeddings, the output layer, norms and routers stay bf16.
+FP8_WIDTH = 1 + 4 / (128 * 128)
+INT4_WIDTH = 0.5 + 2 / 128
+MXFP4_WIDTH = 0.5 + 1 / 32
+
+
+class EngineWidth(NamedTuple):
+    linear: float  # bytes per weight of the attention, dense and shared-expert projections
+    experts: float  # bytes per weight of the routed experts
+    what: str  # in words, for the plan's weights line
+
+
+def engine_width(spec: Spec) -> EngineWidth:
+    """How the engines store their weights: the checkpoint's quantization_config where its
+    config.json is read, else inference.quantization, else bf16."""
+    config = spec.model_config.values if spec.model_config is not None else {}
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
+        method = quant["quant_method"].lower()
+        bits = quant.get("bits") or quant.get("w_bit")
+        if method == "compressed-tensors":
+            for group in (quant.get("config_groups") or {}).values():
+                weights = group.get("weights") if isinstance(group, dict) else None
+                if isinstance(weights, dict) and isinstance(weights.get("num_bits"), int):
+                    bits = weights["num_bits"]
+                    break
+        if method == "mxfp4":  # GPT-OSS: the routed experts only
+            return EngineWidth(2.0, MXFP4_WIDTH, "MXFP4 experts (quantization_config)")
+        if method in ("fp8", "fbgemm_fp8", "ptpc_fp8", "fp8_per_tensor") or bits == 8:
+            return EngineWidth(FP8_WIDTH, FP8_WIDTH, f"{method} (quantization_config)")
+        if isinstance(bits, int) and not isinstance(bits, bool) and 0 < bits < 16:
+            width = bits / 8 + 2 / 128
+            return EngineWidth(width, width, f"{method} {bits}-bit (quantization_config)")
+    if spec.inference.quantization == "fp8":
+        return EngineWidth(FP8_WIDTH, FP8_WIDTH, "FP8 (inference.quantization)")
+    if spec.inference.quantization == "int4":
+        return EngineWidth(INT4_WIDTH, INT4_WIDTH, "int4 (inference.quantization)")
+    return EngineWidth(2.0, 2.0, "bf16")
+
+
+def vllm_weight_bytes(spec: Spec) -> float:
+    """The weights' bytes on one vLLM GPU, each part at the width the engine stores it."""
+    params, width = engine_weights(spec), engine_width(spec)
+    return params.linear * width.linear + params.experts * width.experts + 2 * params.other
 
 
 # -- training ------------------------------------------------------------------------------
@@ -636,7 +702,7 @@ def kv_bytes_per_token(arch: Arch, vllm_tp: int) -> int:
 
 def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
     arch, d, inf = spec.arch, spec.derived, spec.inference
-    weights = 2 * vllm_weight_params(spec)
+    weights = vllm_weight_bytes(spec)
     batched = max_num_batched_tokens(spec, gpu_bytes)
     seqs = max_num_seqs(spec, gpu_bytes)
     h = arch.hidden_size
@@ -661,7 +727,7 @@ def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
         return measured if one_gpu else evidence.VLLM
 
     terms = [
-        Term("weights", weights, f"bf16, TP {d.vllm_tp}, EP {d.vllm_ep}",
+        Term("weights", weights, f"{engine_width(spec).what}, TP {d.vllm_tp}, EP {d.vllm_ep}",
              basis(evidence.VLLM_WEIGHTS)),
         Term("activations", activation,
              f"profile run of {batched} tokens + sampler of {seqs} sequences",
@@ -700,7 +766,7 @@ def host_terms(spec: Spec) -> tuple[Term, ...]:
     if spec.train.colocate:
         terms.append(Term("offloaded actor weights", 2 * shard.total * actor_gpus_per_node,
                           "bf16 copy while the engines generate", evidence.HOST))
-        terms.append(Term("sleeping engine weights", 2 * vllm_weight_params(spec) * gpn,
+        terms.append(Term("sleeping engine weights", vllm_weight_bytes(spec) * gpn,
                           "vLLM sleep level 1 keeps weights on the host", evidence.HOST))
     if spec.algorithm.kl_loss_coef > 0:
         terms.append(Term("reference model", 2 * shard.total * actor_gpus_per_node,

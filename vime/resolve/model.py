@@ -4,7 +4,13 @@ One description for three families of config.json: Qwen3 / Qwen3-MoE, DeepSeek-V
 (`deepseek_v3`, `kimi_k2`: multi-head latent attention, shared experts, sigmoid routing with
 an expert bias, group-limited routing, dense first layers) and GLM-4.5 (`glm4_moe`: shared
 experts, partial rotary, QKV bias, dense first layers). Which of them the runtime runs is
-vime/support.py's to say.
+vime/support.py's to say. The planner also reads families the runtime does not run, so that
+their layout and memory can be planned (V102 marks such a plan as planning only): Qwen2
+(`qwen2`: QKV bias, no q/k norms), GLM-4 dense (`glm4`: norms after attention and after the
+MLP), GLM-4.7-Flash (`glm4_moe_lite`: DeepSeek-V3's latent attention and experts), Qwen3-Next
+(`qwen3_next`: gated attention every full_attention_interval-th layer, gated DeltaNet
+linear attention in the others, a gated shared expert) and GPT-OSS (`gpt_oss`: attention
+sinks, biased attention, router and experts).
 
 Presets hold the published config.json values of the Qwen3 checkpoints on the Hugging Face
 hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, Qwen/Qwen3-4B, Qwen/Qwen3-8B, Qwen/Qwen3-14B,
@@ -101,11 +107,104 @@ PRESETS: dict[str, dict] = {
     },
 }
 
+# The published config.json architecture keys of checkpoints of the families the runtime does
+# not run (tests/fixtures/configs/SOURCES.md names where each was read): a script's model args
+# that match one name it (vime import), and `vime plan` shows their layout as planning only.
+FAMILY_PRESETS: dict[str, dict] = {
+    "qwen2.5-0.5b": {
+        "model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+        "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    },
+    "qwen2.5-3b": {
+        "model_type": "qwen2", "num_hidden_layers": 36, "hidden_size": 2048,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "intermediate_size": 11008,
+        "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    },
+    "glm-4-9b-0414": {
+        "model_type": "glm4", "num_hidden_layers": 40, "hidden_size": 4096,
+        "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+        "intermediate_size": 13696, "vocab_size": 151552, "max_position_embeddings": 32768,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "partial_rotary_factor": 0.5,
+        "attention_bias": True, "tie_word_embeddings": False,
+    },
+    "glm-4.7-flash": {
+        "model_type": "glm4_moe_lite", "num_hidden_layers": 47, "hidden_size": 2048,
+        "num_attention_heads": 20, "num_key_value_heads": 20, "intermediate_size": 10240,
+        "moe_intermediate_size": 1536, "vocab_size": 154880,
+        "max_position_embeddings": 202752, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5,
+        "attention_bias": False, "partial_rotary_factor": 1.0, "q_lora_rank": 768,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
+        "v_head_dim": 256, "n_routed_experts": 64, "n_shared_experts": 1,
+        "num_experts_per_tok": 4, "norm_topk_prob": True, "routed_scaling_factor": 1.8,
+        "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "first_k_dense_replace": 1,
+        "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+    },
+    "qwen3-next-80b-a3b": {
+        "model_type": "qwen3_next", "num_hidden_layers": 48, "hidden_size": 2048,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+        "intermediate_size": 5120, "moe_intermediate_size": 512, "num_experts": 512,
+        "num_experts_per_tok": 10, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "norm_topk_prob": True, "shared_expert_intermediate_size": 512,
+        "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+        "partial_rotary_factor": 0.25, "vocab_size": 151936, "max_position_embeddings": 262144,
+        "rope_theta": 10000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    },
+    "gpt-oss-20b": {
+        "model_type": "gpt_oss", "num_hidden_layers": 24, "hidden_size": 2880,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
+        "attention_bias": True, "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 4096,
+                         "truncate": False},
+        "swiglu_limit": 7.0, "vocab_size": 201088, "max_position_embeddings": 131072,
+        "rope_theta": 150000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    },
+}
+PRESETS.update(FAMILY_PRESETS)
+
+# The published config.json architecture keys of Moonlight-16B-A3B and GLM-4.7
+# (tests/fixtures/configs/: moonlight_16b_a3b.json, glm_4_7.json): a script's model args that
+# match one name it.
+MOE_FAMILY_PRESETS: dict[str, dict] = {
+    "moonlight-16b-a3b": {
+        "first_k_dense_replace": 1, "hidden_size": 2048, "intermediate_size": 11264,
+        "kv_lora_rank": 512, "max_position_embeddings": 8192, "model_type": "deepseek_v3",
+        "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts":
+        64, "n_shared_experts": 2, "norm_topk_prob": True, "num_attention_heads": 16,
+        "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+        "num_nextn_predict_layers": 0, "q_lora_rank": None, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta":
+        50000.0, "routed_scaling_factor": 2.446, "scoring_func": "sigmoid",
+        "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "v_head_dim":
+        128, "vocab_size": 163840
+    },
+    "glm-4.7": {
+        "attention_bias": True, "first_k_dense_replace": 3, "head_dim": 128, "hidden_size":
+        5120, "intermediate_size": 12288, "max_position_embeddings": 202752, "model_type":
+        "glm4_moe", "moe_intermediate_size": 1536, "n_group": 1, "n_routed_experts": 160,
+        "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 96,
+        "num_experts_per_tok": 8, "num_hidden_layers": 92, "num_key_value_heads": 8,
+        "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 1000000, "routed_scaling_factor": 2.5,
+        "tie_word_embeddings": False, "topk_group": 1, "use_qk_norm": True, "vocab_size": 151552
+    },
+}
+PRESETS.update(MOE_FAMILY_PRESETS)
+
 PRESETS.update(PUBLISHED_PRESETS)
 
 # HF keys vime reads; the ones without a fallback must be present.
 REQUIRED_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
-MOE_MODEL_TYPES = ("qwen3_moe", "deepseek_v3", "kimi_k2", "glm4_moe")
+MOE_MODEL_TYPES = ("qwen3_moe", "deepseek_v3", "kimi_k2", "glm4_moe", "glm4_moe_lite",
+                   "qwen3_next", "gpt_oss")
+# the families whose router scores by a sigmoid with the expert bias (e_score_correction_bias)
+_SIGMOID_TYPES = ("deepseek_v3", "kimi_k2", "glm4_moe", "glm4_moe_lite")
 
 
 class ArchError(ValueError):
@@ -174,6 +273,20 @@ class Arch:
     group_topk: int = 1
     routed_scaling_factor: float = 1.0
     mtp_layers: int = 0  # num_nextn_predict_layers: not part of the model trained or served
+    # per decoder layer: gated DeltaNet linear attention (True) or full attention; () all full
+    linear_layers: tuple[bool, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    attention_output_gate: bool = False  # Qwen3-Next: q_proj also gives a sigmoid gate per head
+    attention_out_bias: bool = False  # GPT-OSS: o_proj has a bias beside q, k and v's
+    attention_sinks: bool = False  # GPT-OSS: one learnt sink logit per head
+    router_bias: bool = False  # GPT-OSS: the router linear has a bias
+    expert_biases: bool = False  # GPT-OSS: each expert's gate_up and down projections do
+    shared_expert_gate: bool = False  # Qwen3-Next: a sigmoid gate (hidden -> 1) on the shared expert
+    post_norms: bool = False  # GLM-4: RMSNorms after attention and after the MLP as well
     rope_scaling: RopeScaling | None = None  # YaRN; None: rotary embeddings without scaling
 
     @property
@@ -202,7 +315,39 @@ class Arch:
         return q_down + kv_down
 
     @property
-    def attention_params(self) -> int:
+    def num_linear_layers(self) -> int:
+        return sum(self.linear_layers)
+
+    @property
+    def linear_attention_params(self) -> int:
+        """One gated DeltaNet layer (transformers' Qwen3NextGatedDeltaNet): in_proj_qkvz (q, k,
+        v and the output gate z), in_proj_ba (beta and the decay a per value head), the
+        depthwise conv1d over q, k and v, dt_bias and A_log per value head, the gated
+        RMSNorm over a value head, out_proj."""
+        h = self.hidden_size
+        keys = self.linear_num_key_heads * self.linear_key_head_dim
+        values = self.linear_num_value_heads * self.linear_value_head_dim
+        in_proj = h * (2 * keys + 2 * values) + h * 2 * self.linear_num_value_heads
+        conv = (2 * keys + values) * self.linear_conv_kernel_dim
+        return (in_proj + conv + 2 * self.linear_num_value_heads + self.linear_value_head_dim
+                + values * h)
+
+    @property
+    def attention_params(self) -> int | float:
+        """One decoder layer's attention; with linear-attention layers, the mean over the
+        layers (attention_params_total ÷ num_layers)."""
+        if self.num_linear_layers:
+            return self.attention_params_total / self.num_layers
+        return self.full_attention_params
+
+    @property
+    def attention_params_total(self) -> int:
+        linear = self.num_linear_layers
+        return (self.num_layers - linear) * self.full_attention_params \
+            + linear * self.linear_attention_params
+
+    @property
+    def full_attention_params(self) -> int:
         h, heads = self.hidden_size, self.num_attention_heads
         if self.is_mla:
             qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -210,22 +355,31 @@ class Arch:
             kv_up = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
             out = heads * self.v_head_dim * h
             return self.attention_replicated_params + q_up + kv_up + out
-        q = h * heads * self.head_dim
+        q = h * heads * self.head_dim * (2 if self.attention_output_gate else 1)
         kv = 2 * h * self.num_kv_heads * self.head_dim
         out = heads * self.head_dim * h
         bias = (heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
+        bias += h if self.attention_out_bias else 0
         norms = 2 * self.head_dim if self.qk_norm else 0  # q_norm, k_norm
-        return q + kv + out + bias + norms
+        sinks = heads if self.attention_sinks else 0
+        return q + kv + out + bias + norms + sinks
 
     @property
     def shared_expert_params(self) -> int:
         """A MoE layer's shared experts: gate, up and down projections."""
-        return 3 * self.hidden_size * self.shared_expert_ffn_hidden_size
+        gate = self.hidden_size if self.shared_expert_gate and self.shared_expert_ffn_hidden_size \
+            else 0
+        return 3 * self.hidden_size * self.shared_expert_ffn_hidden_size + gate
 
     @property
     def expert_params(self) -> int:
-        """One expert's gate, up and down projections."""
-        return 3 * self.hidden_size * self.moe_ffn_hidden_size
+        """One expert's gate, up and down projections (and their biases, GPT-OSS's)."""
+        biases = 2 * self.moe_ffn_hidden_size + self.hidden_size if self.expert_biases else 0
+        return 3 * self.hidden_size * self.moe_ffn_hidden_size + biases
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts + (self.num_experts if self.router_bias else 0)
 
     @property
     def dense_mlp_params(self) -> int:
@@ -236,11 +390,12 @@ class Arch:
         return self.vocab_size * self.hidden_size
 
     def _layer_params(self, experts_counted: int) -> int:
-        total = 0
+        norms = (4 if self.post_norms else 2) * self.hidden_size
+        total = self.attention_params_total
         for moe in self.moe_layers:
-            total += self.attention_params + 2 * self.hidden_size  # + two RMSNorms
+            total += norms
             if moe:
-                total += self.hidden_size * self.num_experts  # router
+                total += self.router_params
                 total += experts_counted * self.expert_params + self.shared_expert_params
             else:
                 total += self.dense_mlp_params
@@ -394,7 +549,11 @@ def arch_from_config(config: dict) -> Arch:
                         f"config.json 'partial_rotary_factor' is {partial!r}, expected a number in (0, 1]")
     scoring = config.get("scoring_func")
     if scoring is None:  # transformers' DeepseekV3 and Glm4Moe routers score with a sigmoid
-        scoring = "sigmoid" if model_type in ("deepseek_v3", "kimi_k2", "glm4_moe") else "softmax"
+        scoring = "sigmoid" if model_type in _SIGMOID_TYPES else "softmax"
+    if model_type == "qwen3_next":  # its shared expert is one of shared_expert_intermediate_size
+        shared_ffn = _int(config, "shared_expert_intermediate_size", 0) if experts else 0
+    else:
+        shared_ffn = shared * moe_ffn
     groups = _optional_int(config, "n_group") or 1
     rope = config.get("rope_theta")
     if rope is None:  # transformers v5 keeps it under rope_parameters
@@ -424,17 +583,50 @@ def arch_from_config(config: dict) -> Arch:
         qk_nope_head_dim=qk_nope,
         qk_rope_head_dim=qk_rope,
         v_head_dim=_optional_int(config, "v_head_dim") if kv_lora else 0,
-        qkv_bias=bool(config.get("attention_bias", False)) and not kv_lora,
-        # Qwen3 always has q/k norms; transformers' Glm4MoeConfig defaults use_qk_norm to false
-        qk_norm=bool(config.get("use_qk_norm", model_type != "glm4_moe")) and not kv_lora,
+        # Qwen2's q, k and v always have a bias (its config.json has no attention_bias)
+        qkv_bias=bool(config.get("attention_bias", model_type == "qwen2")) and not kv_lora,
+        # Qwen3 and Qwen3-Next always have q/k norms; transformers' Glm4MoeConfig defaults
+        # use_qk_norm to false; Qwen2, GLM-4 and GPT-OSS have none
+        qk_norm=bool(config.get("use_qk_norm", model_type not in _NO_QK_NORM)) and not kv_lora,
         partial_rotary_factor=float(partial),
-        shared_expert_ffn_hidden_size=shared * moe_ffn,
+        shared_expert_ffn_hidden_size=shared_ffn,
         score_function=str(scoring),
-        expert_bias=model_type in ("deepseek_v3", "kimi_k2", "glm4_moe") and (
+        expert_bias=model_type in _SIGMOID_TYPES and (
             config.get("topk_method", "noaux_tc") == "noaux_tc"),
         num_groups=groups,
         group_topk=_optional_int(config, "topk_group") or 1,
         routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
         mtp_layers=_optional_int(config, "num_nextn_predict_layers"),
+        **_family_fields(config, model_type, layers),
         rope_scaling=read_rope_scaling(config),
     )
+
+
+_NO_QK_NORM = ("glm4_moe", "qwen2", "glm4", "gpt_oss")
+
+
+def _family_fields(config: dict, model_type: str, layers: int) -> dict:
+    """The Arch fields of the Qwen3-Next, GPT-OSS and GLM-4 parts other families lack."""
+    if model_type == "qwen3_next":
+        # transformers' Qwen3NextConfig: layer i is full attention iff
+        # (i + 1) % full_attention_interval == 0, unless layer_types says otherwise
+        interval = _int(config, "full_attention_interval", 4) or 1
+        kinds = config.get("layer_types")
+        if isinstance(kinds, list) and len(kinds) == layers:
+            linear = tuple(kind == "linear_attention" for kind in kinds)
+        else:
+            linear = tuple((i + 1) % interval != 0 for i in range(layers))
+        return {"linear_layers": linear,
+                "linear_num_key_heads": _int(config, "linear_num_key_heads", 16),
+                "linear_num_value_heads": _int(config, "linear_num_value_heads", 32),
+                "linear_key_head_dim": _int(config, "linear_key_head_dim", 128),
+                "linear_value_head_dim": _int(config, "linear_value_head_dim", 128),
+                "linear_conv_kernel_dim": _int(config, "linear_conv_kernel_dim", 4),
+                "attention_output_gate": True, "shared_expert_gate": True}
+    if model_type == "gpt_oss":
+        biased = bool(config.get("attention_bias", True))
+        return {"attention_out_bias": biased, "attention_sinks": True, "router_bias": True,
+                "expert_biases": True}
+    if model_type == "glm4":
+        return {"post_norms": True}
+    return {}

@@ -254,6 +254,7 @@ class Inference:
     moe_backend: str
     extra_args: tuple[str, ...]
     eplb: Eplb
+    quantization: str = "none"  # the engines' weights: none (bf16) | fp8 | int4 (V124)
 
 
 @dataclass(frozen=True)
