@@ -244,6 +244,9 @@ class OneStepLoop(GRPOLoop):
         staleness = self._staleness(current, trained.batch)
         with timer.phase("wait_generate"):
             following = ahead.result() if ahead is not None else None
+        # a background save begun at an earlier step is committed here, as the synchronous
+        # loop commits it at its generation's end, not left until the next save
+        numbers.update(self.finish_background_save(timer))
         self.in_flight = following
         self._save_when_due(rollout_id, timer)
         self.in_flight = None

@@ -178,6 +178,21 @@ def test_a_loop_without_the_sync_point_finishes_each_save_before_the_next(tmp_pa
         assert verify(config.save_dir / f"rollout_{rollout:06d}") is None
 
 
+def test_a_one_step_loop_commits_a_background_save_at_the_next_generation_end(tmp_path):
+    # the write of rollout 1's save runs beside rollout 2's training and rollout 3's
+    # generation; rollout 2 commits it once that generation ends, not at the next save
+    _, _, config = job_config(
+        tmp_path, "one-step-commit", checkpoint__async_save="true",
+        rollout__async='"one_step"', cluster__gpus_per_node="2", train__colocate="false",
+        train__num_gpus="1", **{**ASYNC, "rollout__num_rollout": "5",
+                                "checkpoint__save_interval": "2"})
+    loop = in_process_loop(config)
+    loop.run()
+    lines = {line["rollout"]: line for line in metrics(config.job_dir)}
+    assert "time/save_background" in lines[2], sorted(lines[2])
+    assert (config.save_dir / "latest").read_text().strip() == "rollout_000004"
+
+
 def test_the_backends_files_leave_out_the_zip_crc32_and_load(tmp_path):
     # every file's sha256 is in state.json; torch's CRC32 of each record costs CPU the write
     from torch.utils.serialization import config as serialization
