@@ -107,6 +107,14 @@ def test_a_planned_only_family_plans_its_layout_and_v102_names_it(tmp_path, name
     assert result.spec.arch.params_total == arch_from_config(_config(name)).params_total
 
 
+def test_only_qwen3_next_s_full_attention_layers_keep_a_kv_cache():
+    """12 of 48 layers: K and V of 2 KV heads of 256 (one a GPU at TP 8), bf16."""
+    arch = arch_from_config(_config("qwen3_next_80b_a3b"))
+    assert memory.kv_bytes_per_token(arch, 8) == 2 * 12 * 1 * 256 * 2
+    assert memory.kv_bytes_per_token(arch_from_config(_config("qwen2_5_7b")), 4) == \
+        2 * 28 * 1 * 128 * 2
+
+
 # -- the engines' weights at their stored width
 
 def _rollout_weights(result) -> float:

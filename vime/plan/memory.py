@@ -694,10 +694,13 @@ def kv_bytes_per_token(arch: Arch, vllm_tp: int) -> int:
     (split over TP, at least one head a GPU); MLA keeps one compressed latent of
     kv_lora_rank + qk_rope_head_dim per layer, whole on every TP rank (vLLM's MLA backends,
     vllm/model_executor/layers/attention/mla_attention.py: head_size = kv_lora_rank +
-    qk_rope_head_dim, num_kv_heads = 1)."""
+    qk_rope_head_dim, num_kv_heads = 1). Gated DeltaNet layers (Qwen3-Next's linear
+    attention) keep no KV: each sequence holds a fixed recurrent state there instead (vLLM's
+    mamba-style cache), which is not per token and not counted here."""
+    layers = arch.num_layers - arch.num_linear_layers
     if arch.is_mla:
-        return arch.num_layers * (arch.kv_lora_rank + arch.qk_rope_head_dim) * 2
-    return 2 * arch.num_layers * max(1, arch.num_kv_heads // vllm_tp) * arch.head_dim * 2
+        return layers * (arch.kv_lora_rank + arch.qk_rope_head_dim) * 2
+    return 2 * layers * max(1, arch.num_kv_heads // vllm_tp) * arch.head_dim * 2
 
 
 def rollout_phase(spec: Spec, gpu_bytes: float) -> Rollout:
