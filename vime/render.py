@@ -3,6 +3,7 @@ JSON lives in vime.emit.plan_json; all three read the same Diagnostic model."""
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 
 from vime.check import disk
@@ -237,6 +238,8 @@ def plan_text(plan: Plan) -> str:
         if spec.arch.is_moe:
             out.append(f"  MoE dispatch: {_dispatch(spec, layout)}")
     out.append(f"  micro-batches: {_sequence_path(spec)}")
+    if spec.train.extra_args:  # after vime's own flags in megatron.args
+        out.append(f"  extra Megatron flags: {shlex.join(spec.train.extra_args)}")
     out += _pipeline_lines(plan)
     rollout = "vLLM" if spec.inference.backend == "vllm" else spec.inference.backend
     out += ["", f"{rollout} rollout: {plural(len(plan.engines), 'engine')} of "

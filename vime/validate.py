@@ -20,15 +20,10 @@ from vime.parse import Path
 from vime.words import a
 
 # Keys people bring from other tools that vime leaves out on purpose, with what to write instead.
-# A plain did-you-mean would send them elsewhere: train.extra_args is closest to
-# inference.extra_args, vLLM's argv, where Megatron's flags make vLLM exit.
+# rollout.extra_args is as close to train.extra_args (Megatron's flags) by spelling as to
+# inference.extra_args, where the vLLM flags people put beside the rollout settings go.
 _LEFT_OUT: dict[Path, dict[str, str]] = {
-    ("train",): {"extra_args": (
-        "vime has no train.extra_args: the Megatron backend builds its model from the spec's own "
-        "keys ([model.arch], [train.parallel], [train.optimizer], train.recompute, "
-        "train.transformer_impl, ...), and megatron.args in the build folder records them as "
-        "Megatron-LM flags; "
-        "inference.extra_args is vLLM's command line, not Megatron's (docs/spec.md)")},
+    ("rollout",): {"extra_args": "did you mean inference.extra_args? it belongs in [inference]"},
 }
 
 

@@ -333,3 +333,40 @@ def test_vimes_layer_split_is_megatrons_on_every_small_case():
                         theirs = megatrons(layers, pp, first, last)
                         ours = split_layers(layers, pp, first, last)
                         assert (ours.layers or None) == theirs, (layers, pp, first, last)
+
+
+# train.extra_args that vime accepts (V540-V542 clean), and what Megatron's parser makes of
+# them: each sets its dest after vime's own flags
+EXTRA_ACCEPTED = [
+    (["--recompute-modules", "core_attn", "mlp"], "recompute_modules", ["core_attn", "mlp"]),
+    (["--attention-dropout=0.25"], "attention_dropout", 0.25),
+    (["--no-gradient-accumulation-fusion"], "gradient_accumulation_fusion", False),
+    (["--moe-router-load-balancing-type", "none"], "moe_router_load_balancing_type", "none"),  # validate_args unwraps one
+    (["--log-interval=7"], "log_interval", 7),
+]
+
+
+@pytest.mark.parametrize(("extra", "dest", "value"), EXTRA_ACCEPTED,
+                         ids=[e[0][0] for e in EXTRA_ACCEPTED])
+def test_extra_args_vime_accepts_pass_megatrons_parser(extra, dest, value):
+    listed = ", ".join(f'"{e}"' for e in extra)
+    result = plan(SEED, [f"train.extra_args=[{listed}]"])
+    assert result.ok, [(d.code, d.message) for d in result.diagnostics if d.severity == "error"]
+    args = megatron_parse(argv_of(result), result.spec.train.num_gpus)
+    assert getattr(args, dest) == value
+
+
+@pytest.mark.parametrize(("extra", "code"), [
+    (["--lr-decay-sytle=cosine"], "V540"),
+    (["--recompute_activations"], "V540"),
+    (["--attention-dropout=fast"], "V542"),
+    (["--no-gradient-accumulation-fusion=1"], "V542"),
+    (["--moe-router-load-balancing-type=sometimes"], "V542"),
+    (["--attention-dropout"], "V542"),
+])
+def test_megatron_refuses_the_extra_args_vime_refuses(extra, code):
+    listed = ", ".join(f'"{e}"' for e in extra)
+    result = plan(SEED, [f"train.extra_args=[{listed}]"])
+    assert code in {d.code for d in result.diagnostics}
+    clean = plan(SEED)
+    assert _rejects([*argv_of(clean), *extra], clean.spec.train.num_gpus)

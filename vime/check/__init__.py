@@ -15,6 +15,7 @@ from vime.check import (  # noqa: F401  (registers rules)
     hf_export,
     install,
     layout,
+    megatron_flags,
     memory,
     model,
     moe,

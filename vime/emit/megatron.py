@@ -151,4 +151,10 @@ def megatron_args(plan: Plan) -> list[list[str]]:
     if spec.model.save:
         args += [["--save", spec.model.save],
                  ["--save-interval", str(spec.checkpoint.save_interval)]]
+    # the user's raw flags last (V540-V542 check them): a flag with the values after it
+    for extra in train.extra_args:
+        if extra.startswith("--") or not args:
+            args.append([extra])
+        else:
+            args[-1].append(extra)
     return args

@@ -214,6 +214,7 @@ class Train:
     routing_imbalance: float
     parallel: Parallel
     optimizer: Optimizer
+    extra_args: tuple[str, ...] = ()  # raw Megatron-LM flags, after vime's own (V540-V542)
 
 
 @dataclass(frozen=True)
