@@ -23,8 +23,9 @@ The jobs run the vime of the checkout the script is in (PYTHONPATH). To probe a 
 others edit the working tree: `git archive HEAD | tar -x -C SNAP`, its hash in
 SNAP/.probe-commit, then `.venv/bin/python SNAP/tests/tools/fault_probe.py`.
 
-It is not part of the pytest suite: a full run starts about 80 jobs (40-60 minutes on 2
-shared cores); --quick starts about 12. Results go to <work>/results.jsonl and a table by
+It is not part of the pytest suite: a full run starts about 70 jobs (about 70 minutes, done
+one after another, on 2 cores shared with other test runs); --quick starts about 20 (about
+20 minutes). Results go to <work>/results.jsonl and a table by
 family to <work>/results.md; the exit status is 1 when any injection failed.
 """
 
