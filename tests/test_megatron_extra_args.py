@@ -66,3 +66,8 @@ def test_a_flag_vime_sets_names_the_key(extra, key):
 def test_a_value_megatrons_parser_refuses(extra, says):
     (diag,) = [d for d in _run(*extra).diagnostics if d.code == "V542"]
     assert says in diag.message
+
+
+def test_yarn_flags_name_model_arch():
+    (diag,) = [d for d in _run("--yarn-beta-fast=4").diagnostics if d.code == "V541"]
+    assert "[model.arch]" in diag.help

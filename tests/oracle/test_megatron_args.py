@@ -370,3 +370,23 @@ def test_megatron_refuses_the_extra_args_vime_refuses(extra, code):
     assert code in {d.code for d in result.diagnostics}
     clean = plan(SEED)
     assert _rejects([*argv_of(clean), *extra], clean.spec.train.num_gpus)
+
+
+YARN = ('model.arch.rope_scaling={type="yarn", factor=8.0, original_max_position_embeddings=16,'
+        ' mscale=0.9, mscale_all_dim=1.0}')
+
+
+@pytest.mark.parametrize("sets", [[], [YARN]], ids=["rope", "yarn"])
+def test_mla_rotary_reaches_megatrons_mla_config(sets):
+    # MLATransformerConfig defaults rope_type to "yarn" with factor 40: megatron.args says
+    # which, and YaRN's factor and mscales reach the config by name
+    result = plan(ROOT / "specs" / "tiny_h200_dsv3.toml", sets)
+    assert result.ok, [(d.code, d.message) for d in result.diagnostics if d.severity == "error"]
+    args = megatron_parse(argv_of(result), result.spec.train.num_gpus)
+    config = core_transformer_config_from_args(args)
+    yarn = result.spec.arch.rope_scaling
+    if yarn is None:
+        assert config.rope_type == "rope"
+    else:
+        assert (config.rope_type, config.rotary_scaling_factor, config.mscale,
+                config.mscale_all_dim) == ("yarn", yarn.factor, yarn.mscale, yarn.mscale_all_dim)

@@ -67,7 +67,8 @@ for _dest in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_hea
               "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
               "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
               "moe_router_pre_softmax", "rope_type", "rotary_scaling_factor", "mscale",
-              "mscale_all_dim", "beta_fast", "beta_slow", "original_max_position_embeddings"):
+              "mscale_all_dim", "yarn_beta_fast", "yarn_beta_slow",
+              "yarn_original_max_position_embeddings"):
     VIME_MEGATRON_DESTS[_dest] = "[model.arch] (or model.hf_checkpoint's config.json)"
 
 

@@ -28,6 +28,22 @@ def _family_args(arch) -> list[list[str]]:
                  ["--qk-head-dim", str(arch.qk_nope_head_dim)],
                  ["--qk-pos-emb-head-dim", str(arch.qk_rope_head_dim)],
                  ["--v-head-dim", str(arch.v_head_dim)]]
+        # MLATransformerConfig's rope_type is "yarn" unless told (transformer_config.py)
+        yarn = arch.rope_scaling
+        if yarn is None:
+            args.append(["--rope-type", "rope"])
+        else:
+            # Megatron-LM's CLI reaches MLATransformerConfig's rope_type, rotary_scaling_factor,
+            # mscale and mscale_all_dim by name; its --yarn-* flags feed the non-MLA YaRN
+            # (argument_utils.py), so MLA keeps beta_fast 32, beta_slow 1 and 4096 original
+            # positions from this argv: the Megatron backend builds all seven from the Arch
+            args += [["--rope-type", "yarn"], ["--rotary-scaling-factor", _num(yarn.factor)],
+                     ["--mscale", _num(yarn.mscale)],
+                     ["--mscale-all-dim", _num(yarn.mscale_all_dim)],
+                     ["--yarn-beta-fast", _num(yarn.beta_fast)],
+                     ["--yarn-beta-slow", _num(yarn.beta_slow)],
+                     ["--yarn-original-max-position-embeddings",
+                      str(yarn.original_max_position_embeddings)]]
     if arch.qkv_bias:
         args.append(["--add-qkv-bias"])
     if not arch.is_moe:
