@@ -19,9 +19,9 @@ from pathlib import Path
 
 from runtime import backends
 from runtime.core.slices import JobConfig
+from runtime.core.startup import Startup
 from runtime.node.preflight import spec_dir_of
 from runtime.node.ray_bootstrap import own_signal_handlers
-from runtime.node.startup import Startup
 from runtime.rl import rewards
 from runtime.rl.checkpoint import Checkpoints
 from runtime.rl.data import PromptSampler, read_prompts

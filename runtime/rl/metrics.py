@@ -51,7 +51,7 @@ class MetricsLogger:
 
     def attach(self, numbers) -> None:
         """numbers() merged into the next record, once: what is known only by then (the
-        start-up's phases, runtime/node/startup.py, end with the first weight push)."""
+        start-up's phases, runtime/core/startup.py, end with the first weight push)."""
         self._attached.append(numbers)
 
     def log(self, rollout_id: int, numbers: dict[str, float]) -> None:

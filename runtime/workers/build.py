@@ -11,7 +11,7 @@ from __future__ import annotations
 from runtime.core import hosts
 from runtime.core.hosts import ENGINE_GPU_SHARE_COLOCATED, TRAIN_GPU_SHARE_COLOCATED
 from runtime.core.slices import JobConfig
-from runtime.node.startup import Startup
+from runtime.core.startup import Startup
 from runtime.workers.groups import RolloutGroup, TrainGroup
 from runtime.workers.host import RolloutWorker, TrainWorker
 

@@ -81,7 +81,9 @@ def test_ctrl_c_stops_everything_and_says_where_the_next_submit_resumes(tmp_path
     folder = _job(tmp_path)
     wait_until(lambda: "rollout    2 |" in out.read_text(), 10, "the terminal's rollout lines")
     shown = out.read_text().splitlines()
-    # the job's id and folder first, then where it starts, then the rollouts
+    # after the plan's warnings (V738: this machine's disk), the job's id and folder first,
+    # then where it starts, then the rollouts
+    shown = shown[next((i for i, s in enumerate(shown) if s.startswith("vime: job ")), 0):]
     assert shown[0].startswith(f"vime: job {folder.name}: qwen3-30b-a3b-smoke"), shown
     assert str(folder) in shown[1] and "<job id>" not in out.read_text()
     assert "starting fresh" in shown[3]

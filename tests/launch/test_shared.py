@@ -6,6 +6,7 @@ of this machine only: the venv's Python, output_dir, checkpoint folders, prompts
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import uuid
@@ -132,7 +133,8 @@ def test_a_job_on_a_running_ray_cluster_is_warned_about_its_paths_not_its_python
 @pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
 def test_no_warning_for_the_repositorys_single_node_specs(spec):
     done = vime("submit", str(spec), "--dry-run", cwd=ROOT)
-    if "nodes = 1" not in spec.read_text() and "#SBATCH --nodes=1\n" not in done.stdout:
+    if not re.search(r"^nodes = 1\b", spec.read_text(), re.M) \
+            and "#SBATCH --nodes=1\n" not in done.stdout:
         pytest.skip("a job of several nodes")
     assert done.returncode == 0, done.stderr
     # the interpreter is judged on any Slurm job (tests/launch/test_shared_python.py)

@@ -143,9 +143,12 @@ def test_a_failing_function_is_named_and_nothing_advances(tmp_path, function, wo
 
 def test_metadata_keys_reach_the_function_and_a_missing_one_names_the_line(tmp_path):
     data = tmp_path / "rows.jsonl"
-    data.write_text(json.dumps({"prompt": "What is 1 + 2?", "label": "3", "operands": [1, 2]})
-                    + "\n" + json.dumps({"prompt": "What is 2 + 2?", "label": "4"}) + "\n")
+    first = json.dumps({"prompt": "What is 1 + 2?", "label": "3", "operands": [1, 2]})
+    data.write_text(first + "\n" + json.dumps({"prompt": "What is 2 + 2?", "label": "4",
+                                               "operands": [2, 2]}) + "\n")
     config = tools_config(tmp_path, data__prompt_data=json.dumps(str(data)))
+    # the plan reads the file (V734); the driver reads it again, as it is when the job runs
+    data.write_text(first + "\n" + json.dumps({"prompt": "What is 2 + 2?", "label": "4"}) + "\n")
     with pytest.raises(ValueError, match=r"rows.jsonl:2: no key 'operands'"):
         in_process_loop(config)
 

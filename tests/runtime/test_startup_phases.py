@@ -1,4 +1,4 @@
-"""The driver's start-up phase by phase (runtime/node/startup.py), on a real Ray with logical
+"""The driver's start-up phase by phase (runtime/core/startup.py), on a real Ray with logical
 GPUs: one log line per phase, and the phases in the first metrics record adding up to
 startup/total_s."""
 
