@@ -214,3 +214,32 @@ def test_kernel_choices_and_vocabulary_padding_are_notes():
     for flag in ("--no-rope-fusion", "--no-masked-softmax-fusion",
                  "--cross-entropy-loss-fusion", "--make-vocab-size-divisible-by"):
         assert [(f.code, f.severity) for f in _findings(result, flag)] == [("V965", "note")]
+
+
+def test_yarn_flags_are_checked_against_the_preset_the_model_args_match(tmp_path):
+    """THUDM/slime scripts/models/deepseek-v3.sh at 624b824a gives DeepSeek-R1's YaRN as
+    `--rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0` and moonlight.sh
+    `--rotary-scaling-factor 1` (none): notes where the matched preset holds the same, V968
+    where a copy of the models file says another factor."""
+    corpus = Path(__file__).parent / "fixtures" / "scripts" / "corpus" / "slime" / "scripts"
+    models = (corpus / "models" / "deepseek-v3.sh").read_text()
+    argv = ["--hf-checkpoint", "/root/DeepSeek-R1", "--prompt-data", "/root/p.jsonl"]
+    script = tmp_path / "run.sh"
+    script.write_text(f'{models}\npython3 train.py "${{MODEL_ARGS[@]}}" {" ".join(argv)}\n')
+    result = import_script(script, script.read_text(), {})
+    assert result.values["model.preset"] == "deepseek-r1"
+    for flag in ("--rotary-scaling-factor 40", "--mscale 1.0", "--mscale-all-dim 1.0"):
+        [said] = _findings(result, flag)
+        assert (said.code, said.severity) == ("V965", "note"), said
+        assert "as in the preset deepseek-r1" in said.message
+    script.write_text(script.read_text().replace("--rotary-scaling-factor 40",
+                                                 "--rotary-scaling-factor 20"))
+    [said] = _findings(import_script(script, script.read_text(), {}), "--rotary-scaling-factor")
+    assert (said.code, said.severity) == ("V968", "error"), said
+    assert "rope_scaling.factor = 40" in said.message
+    moonlight = tmp_path / "moonlight.sh"
+    moonlight.write_text((corpus / "models" / "moonlight.sh").read_text()
+                         + f'\npython3 train.py "${{MODEL_ARGS[@]}}" {" ".join(argv)}\n')
+    for flag in ("--rotary-scaling-factor 1", "--mscale 1.0"):
+        [said] = _findings(import_script(moonlight, moonlight.read_text(), {}), flag)
+        assert (said.code, said.severity) == ("V965", "note"), said

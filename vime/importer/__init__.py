@@ -249,6 +249,7 @@ def _model(mapped: Mapped) -> None:
                 origins[k].flag for k in PRESET_KEYS if k in arch) + ")"))
             if preset["model_type"] in PLANNED_ONLY:
                 _in_preset(mapped, family, name)
+            _rope_in_preset(mapped, preset, name)
             for key, value in sorted(arch.items()):
                 if key in preset and not _same(preset[key], value) or \
                         key not in preset and key not in ("mlp_only_layers",
@@ -284,6 +285,60 @@ def _in_preset(mapped: Mapped, family: Family, name: str) -> None:
         if f.severity == "error" and f.code in ("V963", "V964", "V966")
         and f.message.split(":", 1)[0].split(" ", 1)[0] in shows else f
         for f in mapped.findings]
+
+
+# Megatron's rotary-scaling flags and the config.json rope_scaling key each gives, with
+# transformers' default where the config leaves the key out
+ROPE_FLAGS = {"--rotary-scaling-factor": ("factor", None), "--mscale": ("mscale", 1.0),
+              "--mscale-all-dim": ("mscale_all_dim", 0.0), "--yarn-beta-fast": ("beta_fast", 32.0),
+              "--yarn-beta-slow": ("beta_slow", 1.0),
+              "--yarn-original-max-position-embeddings": ("original_max_position_embeddings",
+                                                          None)}
+
+
+def _rope_in_preset(mapped: Mapped, preset: dict, name: str) -> None:
+    """The rotary-scaling flags (V964 until here) against the preset `name` the model args
+    match: a note where the preset's rope_scaling holds the same value (DeepSeek-R1's and
+    Kimi-K2's YaRN), or where the preset has none and --rotary-scaling-factor is 1
+    (Moonlight's); V968 where they differ."""
+    scaling = preset.get("rope_scaling") or {}
+    factor = mapped.words.get("--rotary-scaling-factor", ())
+    unscaled = not scaling and len(factor) == 1 and _is_one(factor[0])
+    found = []
+    for f in mapped.findings:
+        flag = f.message.split(":", 1)[0].split(" ", 1)[0]
+        if f.code != "V964" or f.severity != "error" or flag not in ROPE_FLAGS:
+            found.append(f)
+            continue
+        key, default = ROPE_FLAGS[flag]
+        words = mapped.words.get(flag, ())
+        expected = scaling.get(key, default)
+        shown = " ".join((flag, *words))
+        if unscaled:
+            found.append(Finding("V965", "note", f"{shown}: no rotary scaling (a factor of 1), "
+                                 f"as in the preset {name}", f.file, f.line))
+        elif scaling and expected is not None and len(words) == 1 \
+                and _is_number(words[0], expected):
+            found.append(Finding("V965", "note", f"{shown}: rope_scaling.{key} = {expected}, as "
+                                 f"in the preset {name}", f.file, f.line))
+        else:
+            has = f"rope_scaling.{key} = {expected!r}" if scaling else "no rope_scaling"
+            found.append(Finding("V968", "error", f"{shown}: the preset {name}, which the other "
+                                 f"model args match, has {has}", f.file, f.line,
+                                 "check that the sourced models file is this checkpoint's, or "
+                                 "write [model.arch] rope_scaling in the imported spec"))
+    mapped.findings[:] = found
+
+
+def _is_number(text: str, number) -> bool:
+    try:
+        return math.isclose(float(text), float(number), rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_one(text: str) -> bool:
+    return _is_number(text, 1.0)
 
 
 def _other_family(mapped: Mapped, family: Family, config: dict | None) -> None:

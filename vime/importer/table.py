@@ -351,18 +351,20 @@ FLAGS: tuple[Flag, ...] = (
          "HF's norm_topk_prob = false; without the flag the softmax is over the top-k "
          "(norm_topk_prob = true), which the imported spec writes for a Qwen3-MoE. Sigmoid "
          "scores (DeepSeek-V3, GLM-4.5) are renormalised either way"),
-    # scaled rotary embeddings, which vime does not build yet (issue 42)
+    # scaled rotary embeddings: vime reads them from config.json or a preset's rope_scaling
     derived("--rope-type", "vime builds the rotary embedding as RoPE", ("rope",),
-            beyond="[model.arch] rope_scaling (YaRN: issue 42)"),
+            beyond="[model.arch] rope_scaling, from config.json or the preset"),
     not_yet(("--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--yarn-beta-fast",
              "--yarn-beta-slow", "--yarn-original-max-position-embeddings",
              "--yarn-correction-range-round-to-int", "--use-rope-scaling",
              "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor"),
             "model.arch.rope_scaling", "a scaled rotary embedding (YaRN for DeepSeek-V3, R1, "
-            "Kimi-K2 and Moonlight; Llama-3's rope scaling; position interpolation): vime builds "
-            "plain RoPE (issue 42 adds YaRN), and V102 refuses a config.json with "
-            "rope_scaling; a spec imported without it trains another function than the "
-            "checkpoint's", source="megatron"),
+            "Kimi-K2; Llama-3's rope scaling; position interpolation): vime takes YaRN from the "
+            "checkpoint's config.json or the preset's rope_scaling. Where the other model args "
+            "match a preset, these flags are checked against its rope_scaling (a note when "
+            "equal, V968 when not); with no preset the import writes no rope_scaling from them, "
+            "and a spec without it would train another function than the checkpoint's",
+            source="megatron"),
     # multi-head latent attention and the DeepSeek-V3 / GLM-4.5 router (vime/importer/family.py)
     derived("--multi-latent-attention", FAMILY),
     derived("--q-lora-rank", FAMILY, family="q_lora_rank:int"),
