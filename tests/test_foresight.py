@@ -196,6 +196,28 @@ def test_checkpoint_cadences_that_keep_a_resume_point_are_clean(sets):
     assert "V441" not in _codes(FORESIGHT / "checkpoint-only-at-end" / "spec.toml", *sets)
 
 
+@pytest.mark.parametrize("sets", [
+    ["checkpoint.save_interval=20"],  # its first save by half the limit
+    ["rollout.num_rollout=30"],  # a run that ends, and saves, inside one job
+    ['cluster.slurm.time="5-00:00:00"'],  # a partition of long jobs
+    ['cluster.gpu="MI300X"'],  # no forecast for a card vime does not know: nothing said
+])
+def test_first_saves_before_the_time_limit_are_clean(sets):
+    spec = FORESIGHT / "first-save-after-time-limit" / "spec.toml"
+    assert "V443" not in _codes(spec, *sets)
+
+
+def test_first_save_after_the_limit_names_the_numbers_and_the_largest_interval():
+    spec = FORESIGHT / "first-save-after-time-limit" / "spec.toml"
+    (found,) = [d for d in run_spec(spec).diagnostics if d.code == "V443"]
+    assert "200 rollouts" in found.message and "'04:00:00' (4.0 h)" in found.message
+    # 353 s a rollout: 20 rollouts are 2.0 h, half the 4-hour limit; 21 are past it
+    assert found.help.startswith("save_interval = 20 ")
+    # the conservative reading: a quarter of the forecast's 19.6 h (4.9 h) past the limit
+    assert "V443" not in _codes(spec, 'cluster.slurm.time="05:00:00"')
+    assert "V443" in _codes(spec, 'cluster.slurm.time="04:50:00"')
+
+
 @pytest.mark.parametrize("sets", [["checkpoint.on_corrupt=\"stop\""], ["checkpoint.keep_last=2"]])
 def test_keep_last_with_a_fallback_is_clean(sets):
     assert "V442" not in _codes(FORESIGHT / "keep-last-one-fallback-previous" / "spec.toml", *sets)

@@ -1,4 +1,4 @@
-"""V441-V442, V518, V525-V526, V710: settings under which a run starts and goes on, but measures
+"""V441-V443, V518, V525-V526, V710: settings under which a run starts and goes on, but measures
 nothing, keeps nothing to resume from, or serves from weights the push never updates."""
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ from urllib.parse import urlsplit
 
 from vime.check.engine_flags import parse
 from vime.check.registry import Finding, rule
+from vime.launch.slurm import time_minutes
+from vime.plan.colocation import plan_colocation
+from vime.plan.forecast import step_forecast
+from vime.plan.memory import memory_plan
 from vime.resolve.spec import Spec
 
 
@@ -115,6 +119,71 @@ def corrupt_checkpoint_has_no_fallback(spec: Spec):
                       'checkpoint.on_corrupt = "previous" resumes from the checkpoint before a '
                       "corrupt one, and keep_last = 1 keeps none before the newest",
                       help="keep_last = 2", related=("checkpoint.on_corrupt",))
+
+
+# The share of the forecast's time to the first save that a run is taken to need at least.
+# The forecast (vime/plan/forecast.py) takes every response at max_response_len and every
+# sample at full length in log-probs and training, an upper bound for those phases: responses
+# that stop early shorten them, and a decode step never costs less than its fixed part
+# (DECODE_BASE_S, about 40 % of a step of 256 sequences). RL responses on reasoning prompts
+# average a third to a half of the limit, so a run faster than a third of the forecast is not
+# expected; a quarter leaves room beyond that. The forecast was within about 10 % on an H100
+# it was not calibrated on, and slower cards (A100) only make the run longer than it says.
+# The start-up (Ray, the actor's load, vLLM's graphs) is not forecast and not counted.
+LEAST_SHARE = 0.25
+# the suggested interval's first save comes by this share of the limit at the full forecast
+SUGGESTED_SHARE = 0.5
+
+
+@rule("V443", "first-checkpoint-after-time-limit", severity="warning", enforced_by="slurm")
+def first_checkpoint_after_time_limit(spec: Spec):
+    """The first checkpoint comes after Slurm's time limit: every job saves nothing.
+
+    The runtime saves every checkpoint.save_interval rollouts (and after the last,
+    runtime/rl/loop.py). Slurm stops the job at cluster.slurm.time; submitit's USR2 handler
+    (sent 120 s before, vime/emit/sbatch.py) requeues it, and the requeued job resumes from
+    the newest checkpoint (runtime/node/job.py, SlurmEntry.checkpoint) - which, when the
+    first save is due after the limit, does not exist: each of the requeues starts again from
+    rollout 0, and the allocation is spent on the same rollouts again and again. The time
+    to the first save is min(save_interval, rollout.num_rollout) rollouts at the plan's step
+    forecast (`vime plan`'s forecast lines). Warned only when even LEAST_SHARE = 0.25 of
+    that time is beyond the limit: the forecast takes every response and sample at full
+    length, an upper bound (see LEAST_SHARE's note for the margin); the start-up is not
+    counted. Not checked without a forecast (an unknown cluster.gpu, the torch backends).
+    NeMo-RL's users meet it as a save that fires "after the allocation is killed — losing
+    exactly the work the knob exists to protect" (https://github.com/NVIDIA-NeMo/RL/issues/3596,
+    its checkpoint_must_save_by against the Slurm allocation), and other trainers' as a
+    checkpoint interval longer than the run, "so no checkpoint was being produced"
+    (https://github.com/CliMA/ClimaCoupler.jl/pull/1161).
+    Fix: a smaller checkpoint.save_interval - the help names the largest whose first save
+    comes by half the limit at the full forecast - or a longer cluster.slurm.time."""
+    memory = memory_plan(spec)
+    forecast = step_forecast(spec, memory, plan_colocation(spec, memory))
+    if forecast is None or forecast.step <= 0:
+        return
+    step, every = forecast.step, spec.checkpoint.save_interval
+    first = min(every, spec.rollout.num_rollout)
+    limit = time_minutes(spec.cluster.slurm.time) * 60
+    if first * step * LEAST_SHARE <= limit:
+        return
+    largest = int(limit * SUGGESTED_SHARE // step)
+    if largest >= 1:
+        fix = f"save_interval = {largest} (its first save at about {_hours(largest * step)} " \
+              "by the forecast)"
+    else:
+        fix = (f"one rollout takes about {_hours(step)} by the forecast: a cluster.slurm.time "
+               f"of at least {_hours(4 * step)}, and save_interval = 1")
+    yield Finding("checkpoint.save_interval",
+                  f"the first checkpoint comes after {first} rollouts, about "
+                  f"{_hours(first * step)} at the forecast's {step:.0f} s a rollout (at least "
+                  f"{_hours(first * step * LEAST_SHARE)}), beyond cluster.slurm.time = "
+                  f"{spec.cluster.slurm.time!r} ({_hours(limit)}): each job is stopped before "
+                  "it saves, and every requeue starts again from rollout 0",
+                  help=fix, related=("cluster.slurm.time", "rollout.num_rollout"))
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
 
 # --speculative-config methods that propose tokens without a model of their own (vLLM's
