@@ -14,7 +14,7 @@ import pytest
 from specsupport import ROOT, run_spec
 
 from vime import check, cli
-from vime.check.quantization import quantization
+from vime.check.quantization import card_capability, quantization
 
 FORESIGHT = ROOT / "tests" / "fixtures" / "foresight"
 CASES = tomllib.loads((FORESIGHT / "cases.toml").read_text())
@@ -37,8 +37,8 @@ def test_held_out_kind_is_caught_before_the_queue(name, capsys):
     case = CASES[name]
     found = plan_concise(FORESIGHT / name / "spec.toml", capsys)
     assert (case["severity"], case["code"], case["key"]) in found, found
-    # no other error: the spec is otherwise one that runs
-    assert {c for s, c, _ in found if s == "error"} <= {case["code"]}, found
+    # no other error (but those the case lists as `also`): the spec is otherwise one that runs
+    assert {c for s, c, _ in found if s == "error"} <= {case["code"], *case.get("also", [])}, found
     assert case["url"] in check.explain(case["code"]), "the rule cites the report"
 
 
@@ -433,3 +433,44 @@ def test_a_resumed_actor_reads_its_checkpoint_and_v121_judges_the_engines(tmp_pa
     assert result.spec.resume_checkpoint is not None
     found = {d.code for d in result.diagnostics}
     assert "V121" in found and "V120" not in found
+
+
+# ---------------------------------------------------------------- V126: FP8 on the card
+
+@pytest.mark.parametrize(("written", "known"), [
+    ("A100-80GB", ("A100-80GB", 80)), ("NVIDIA A100-SXM4-80GB", ("A100-80GB", 80)),
+    ("A10", ("A10", 86)), ("NVIDIA A10G", ("A10G", 86)), ("Tesla T4", ("T4", 75)),
+    ("Tesla V100-SXM2-32GB", ("V100", 70)), ("L40S", ("L40S", 89)), ("H200", ("H200", 90)),
+    ("MI300X", None),
+])
+def test_card_capability_as_cluster_gpu_names_it(written, known):
+    assert card_capability(written) == known
+
+
+@pytest.mark.parametrize("sets", [
+    ['cluster.gpu="H100"'],  # FP8 tensor cores
+    ['cluster.gpu="L40S"'],  # Ada, 8.9: the lowest with FP8 matmuls
+    ['inference.quantization="none"'],  # bf16 engines on the A100s
+    ['cluster.gpu="MI300X"', "cluster.gpu_memory_gib=192"],  # a card vime does not know
+])
+def test_fp8_where_the_card_computes_it_is_clean(sets):
+    spec = FORESIGHT / "fp8-rollout-on-a100" / "spec.toml"
+    assert "V126" not in {d.code for d in run_spec(spec, sets).diagnostics}
+
+
+def test_fp8_below_the_marlin_kernel_is_an_error_with_vllms_message():
+    spec = FORESIGHT / "fp8-rollout-on-a100" / "spec.toml"
+    (found,) = [d for d in run_spec(spec, ['cluster.gpu="V100"']).diagnostics
+                if d.code == "V126"]
+    assert found.severity == "error"
+    assert "Minimum capability: 75. Current capability: 70." in found.message
+    (marlin,) = [d for d in run_spec(spec).diagnostics if d.code == "V126"]
+    assert marlin.severity == "warning" and "Marlin" in marlin.message
+
+
+def test_fp8_checkpoint_served_on_a100_is_reported_at_the_checkpoint():
+    spec = FORESIGHT / "fp8-engine-bf16-push" / "spec.toml"
+    result = run_spec(spec, ['cluster.gpu="A100-80GB"'])
+    found = [(d.key, d.severity) for d in result.diagnostics if d.code == "V126"]
+    assert found == [("model.hf_checkpoint", "warning")]
+    assert "V126" not in {d.code for d in run_spec(spec).diagnostics}  # its H100s

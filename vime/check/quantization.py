@@ -1,6 +1,6 @@
-"""V120-V122: a quantized checkpoint (config.json's quantization_config) against the actor that
-trains from it and the weight push that updates the engines, and vLLM's fused-MoE kernel
-against the experts' dtype and the card."""
+"""V120-V122, V126: a quantized checkpoint (config.json's quantization_config) against the actor
+that trains from it and the weight push that updates the engines, vLLM's fused-MoE kernel
+against the experts' dtype and the card, and FP8 weights against the card."""
 
 from __future__ import annotations
 
@@ -239,3 +239,87 @@ def moe_backend_runs_bf16_experts(spec: Spec):
                           f"{card} of cluster.gpu: vLLM stops the engine at model load",
                           help='inference.moe_backend = "auto" (or "triton")',
                           related=("cluster.gpu",))
+
+
+# compute capability of cards outside vime's catalog that people serve vLLM on (NVIDIA's CUDA
+# GPUs table), as cluster.gpu may name them; vime plans no memory for them (V703)
+OTHER_CAPABILITY = {"V100": 70, "P100": 60, "T4": 75, "A10": 86, "A10G": 86, "A30": 80,
+                    "A40": 86, "A16": 86, "A2": 86, "A6000": 86, "RTX-A6000": 86,
+                    "RTX-3090": 86, "L4": 89, "L20": 89, "L40": 89, "RTX-4090": 89}
+# vLLM 0.32: Fp8Config.get_min_capability() (layers/quantization/fp8.py) and FP8 Marlin
+# (utils/marlin_utils_fp8.py, is_fp8_marlin_supported) need 7.5; native FP8 matmuls 8.9
+FP8_MIN_CAPABILITY = 75
+FP8_NATIVE_CAPABILITY = 89
+
+
+def card_capability(written: str) -> tuple[str, int] | None:
+    """(card, compute capability × 10) of cluster.gpu as written, or None when not known."""
+    card = gpu_name(written)
+    if card in CAPABILITY:
+        return card, CAPABILITY[card]
+    name = re.sub(r"^((NVIDIA|TESLA|GEFORCE)-)+", "", written.strip().upper()
+                  .replace("_", "-").replace(" ", "-"))
+    for other, capability in OTHER_CAPABILITY.items():
+        if name == other or name.startswith(other + "-"):
+            return other, capability
+    return None
+
+
+def _served_fp8(spec: Spec) -> tuple[str, str] | None:
+    """(key, what) where the engines serve FP8 weights: inference.quantization or the
+    checkpoint's quantization_config."""
+    if spec.inference.quantization == "fp8":
+        return "inference.quantization", 'inference.quantization = "fp8"'
+    found = _found(spec)
+    if found is not None and found.fp8_weights:
+        return "model.hf_checkpoint", f"model.hf_checkpoint's {found.detail} weights"
+    return None
+
+
+@rule("V126", "fp8-on-card-without-fp8", severity="warning", enforced_by="vllm")
+def fp8_on_card_without_fp8(spec: Spec):
+    """The engines would serve FP8 weights on a card without FP8 tensor cores.
+
+    FP8 matmuls need compute capability 8.9 (Ada: L4, L40S; Hopper: H100, H200; Blackwell).
+    vLLM 0.32 serves FP8 weights (inference.quantization = "fp8", or a checkpoint whose
+    quantization_config is FP8) on older cards as follows. From compute capability 7.5 to
+    8.8 (T4, A100, A800, A30, A10, A40, RTX 3090) it picks the FP8 Marlin kernel
+    (MarlinFP8ScaledMMLinearKernel; MarlinExperts for the MoE layers), a weight-only kernel:
+    the weights stay 8-bit in memory and are widened to bf16 for every matmul, with no FP8
+    compute, and the engine logs "Your GPU does not have native support for FP8 computation
+    but FP8 quantization is being used. Weight-only FP8 compression will be used leveraging
+    the Marlin kernel. This may degrade performance for compute-heavy workloads."
+    (quantization/utils/marlin_utils_fp8.py). Rollouts' prefill and large-batch decode are
+    those workloads: the memory is saved, the FP8 speed-up is not had, and the step can be
+    slower than bf16 engines. Below 7.5 (V100, P100) the engine stops at start: "ValueError:
+    The quantization method fp8 is not supported for the current GPU. Minimum capability:
+    75. Current capability: 70." (vllm/config/vllm.py; Fp8Config.get_min_capability). A
+    warning from 7.5 to 8.8, an error below. Users meet it as an FP8 release on A800s that
+    vLLM serves only through Marlin, then fails (https://github.com/vllm-project/vllm/issues/22821,
+    GLM-4.5V-FP8; zai-org/GLM-V#123: "A800没有fp8"), and as FP8 Kimi on 8 × A100-40GB
+    through the Marlin path (https://github.com/vllm-project/vllm/issues/31387). Not checked
+    for a cluster.gpu whose compute capability vime does not know.
+    Fix: inference.quantization = "none" and the bf16 release of the model on these cards
+    (memory permitting: `vime plan`'s KV cache line), or cards of compute capability 8.9 or
+    more (L40S, H100, H200, B200) for FP8 engines."""
+    served = _served_fp8(spec)
+    known = card_capability(spec.cluster.gpu)
+    if served is None or known is None or spec.inference.backend != "vllm":
+        return
+    key, what = served
+    card, capability = known
+    cc = f"{capability // 10}.{capability % 10}"
+    fix = ('inference.quantization = "none" with the bf16 release of the model, or cards of '
+           "compute capability 8.9 or more (L40S, H100, H200) for FP8 engines")
+    if capability < FP8_MIN_CAPABILITY:
+        yield Finding(key, f"{what} on the {card} of cluster.gpu (compute capability {cc}): "
+                      "vLLM serves FP8 from 7.5 only and stops at start with \"The quantization "
+                      f"method fp8 is not supported for the current GPU. Minimum capability: 75. "
+                      f"Current capability: {capability}.\"", help=fix, related=("cluster.gpu",),
+                      severity="error")
+    elif capability < FP8_NATIVE_CAPABILITY:
+        yield Finding(key, f"{what} on the {card} of cluster.gpu (compute capability {cc}, no "
+                      "FP8 tensor cores): vLLM falls back to its weight-only FP8 Marlin kernel, "
+                      "which widens the weights to bf16 for every matmul: the memory is saved, "
+                      "FP8's speed is not had, and compute-heavy steps (prefill, large batches) "
+                      "run slower than bf16 engines", help=fix, related=("cluster.gpu",))
