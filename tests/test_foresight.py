@@ -474,3 +474,16 @@ def test_fp8_checkpoint_served_on_a100_is_reported_at_the_checkpoint():
     found = [(d.key, d.severity) for d in result.diagnostics if d.code == "V126"]
     assert found == [("model.hf_checkpoint", "warning")]
     assert "V126" not in {d.code for d in run_spec(spec).diagnostics}  # its H100s
+
+
+@pytest.mark.parametrize("backend", ["deep_gemm", "flashinfer_cutlass"])
+def test_fp8_experts_on_a100_refuse_hopper_kernels(backend):
+    spec = FORESIGHT / "fp8-rollout-on-a100" / "spec.toml"
+    sets = [f'inference.moe_backend="{backend}"']
+    found = [d for d in run_spec(spec, sets).diagnostics
+             if d.code in ("V122", "V126") and d.key == "inference.moe_backend"]
+    assert [(d.code, d.severity) for d in found] == [("V126", "error")]  # not V122's bf16 text
+    assert "does not support the deployment configuration" in found[0].message
+    # on H100s vLLM runs both kernels on FP8 experts
+    assert not [d for d in run_spec(spec, sets + ['cluster.gpu="H100"']).diagnostics
+                if d.key == "inference.moe_backend"]

@@ -189,8 +189,9 @@ BACKEND_CARDS = {
 
 
 def _engine_quantizes(spec: Spec) -> bool:
-    """Whether the engines serve quantized experts: a quantized checkpoint or --quantization."""
-    return _found(spec) is not None or any(
+    """Whether the engines serve quantized experts: a quantized checkpoint,
+    inference.quantization or --quantization."""
+    return _found(spec) is not None or spec.inference.quantization != "none" or any(
         p.resolved.option == "--quantization" for p in parse(spec.inference.extra_args))
 
 
@@ -214,8 +215,9 @@ def moe_backend_runs_bf16_experts(spec: Spec):
     flashinfer_trtllm does not support the deployment configuration since kernel does not
     support current device NVIDIA H100 80GB HBM3." (fused_moe/modular_kernel.py,
     is_supported_config; each kernel's _supports_current_device in fused_moe/experts/).
-    Not checked when inference.extra_args passes
-    --quantization (vLLM then quantizes the experts and other kernels apply), nor the card
+    Not checked when the engines quantize (inference.quantization, or --quantization in
+    inference.extra_args: vLLM then quantizes the experts and other kernels apply, V126
+    judges FP8's against the card), nor the card
     for a cluster.gpu vime does not know.
     Fix: inference.moe_backend = "auto" (vLLM picks a kernel that runs), or "triton", which
     runs on every NVIDIA card."""
@@ -250,6 +252,11 @@ OTHER_CAPABILITY = {"V100": 70, "P100": 60, "T4": 75, "A10": 86, "A10G": 86, "A3
 # (utils/marlin_utils_fp8.py, is_fp8_marlin_supported) need 7.5; native FP8 matmuls 8.9
 FP8_MIN_CAPABILITY = 75
 FP8_NATIVE_CAPABILITY = 89
+# FP8 MoE kernels that run on Hopper or Blackwell only (vLLM 0.32: deep_gemm_moe.py and the
+# FlashInfer experts' _supports_current_device), refused below 8.9 by select_fp8_moe_backend
+# (--moe-backend: the Fp8MoeBackend value vLLM names in its error)
+FP8_HARDWARE_MOE_BACKENDS = {"deep_gemm": "DEEPGEMM", "flashinfer_cutlass": "FLASHINFER_CUTLASS",
+                             "flashinfer_trtllm": "FLASHINFER_TRTLLM"}
 
 
 def card_capability(written: str) -> tuple[str, int] | None:
@@ -294,7 +301,13 @@ def fp8_on_card_without_fp8(spec: Spec):
     slower than bf16 engines. Below 7.5 (V100, P100) the engine stops at start: "ValueError:
     The quantization method fp8 is not supported for the current GPU. Minimum capability:
     75. Current capability: 70." (vllm/config/vllm.py; Fp8Config.get_min_capability). A
-    warning from 7.5 to 8.8, an error below. Users meet it as an FP8 release on A800s that
+    warning from 7.5 to 8.8, an error below. On those cards an MoE model's FP8 experts
+    also refuse the kernels that need FP8 hardware: inference.moe_backend = "deep_gemm"
+    (DeepGEMM runs on Hopper and Blackwell only: platforms/cuda.py, support_deep_gemm),
+    "flashinfer_cutlass" or "flashinfer_trtllm" stop the engine at load with "FP8 MoE
+    backend DEEPGEMM does not support the deployment configuration since kernel does not
+    support current device ..." (fused_moe/oracle/fp8.py, select_fp8_moe_backend): an
+    error at inference.moe_backend; "auto" takes the Marlin experts. Users meet it as an FP8 release on A800s that
     vLLM serves only through Marlin, then fails (https://github.com/vllm-project/vllm/issues/22821,
     GLM-4.5V-FP8; zai-org/GLM-V#123: "A800没有fp8"), and as FP8 Kimi on 8 × A100-40GB
     through the Marlin path (https://github.com/vllm-project/vllm/issues/31387). Not checked
@@ -323,3 +336,15 @@ def fp8_on_card_without_fp8(spec: Spec):
                       "which widens the weights to bf16 for every matmul: the memory is saved, "
                       "FP8's speed is not had, and compute-heavy steps (prefill, large batches) "
                       "run slower than bf16 engines", help=fix, related=("cluster.gpu",))
+    backend = spec.inference.moe_backend
+    if capability < FP8_NATIVE_CAPABILITY and spec.arch is not None and spec.arch.is_moe \
+            and backend in FP8_HARDWARE_MOE_BACKENDS:
+        yield Finding("inference.moe_backend",
+                      f"inference.moe_backend = {backend!r} with FP8 experts on the {card} "
+                      f"(compute capability {cc}): the kernel needs Hopper or Blackwell, and "
+                      "vLLM stops at load with \"FP8 MoE backend "
+                      f"{FP8_HARDWARE_MOE_BACKENDS[backend]} does not "
+                      "support the deployment configuration since kernel does not support "
+                      "current device\"", help='inference.moe_backend = "auto" (vLLM takes its '
+                      "Marlin experts on this card)", related=("cluster.gpu", key),
+                      severity="error")
