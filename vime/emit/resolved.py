@@ -74,6 +74,13 @@ def _family_config(arch) -> dict:
                        "qk_nope_head_dim": arch.qk_nope_head_dim,
                        "qk_rope_head_dim": arch.qk_rope_head_dim,
                        "v_head_dim": arch.v_head_dim})
+        if arch.rope_scaling is not None:  # the actor is built from this table: its YaRN
+            yarn = arch.rope_scaling
+            config["rope_scaling"] = {
+                "type": yarn.kind, "factor": yarn.factor,
+                "original_max_position_embeddings": yarn.original_max_position_embeddings,
+                "beta_fast": yarn.beta_fast, "beta_slow": yarn.beta_slow,
+                "mscale": yarn.mscale, "mscale_all_dim": yarn.mscale_all_dim}
     else:
         config.update({"head_dim": arch.head_dim, "attention_bias": arch.qkv_bias,
                        "use_qk_norm": arch.qk_norm,
