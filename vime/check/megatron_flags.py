@@ -84,7 +84,10 @@ class MegatronArg:
 
 def parse(extra_args: tuple[str, ...]) -> tuple[tuple[MegatronArg, ...], tuple[int, ...]]:
     """The flags of extra_args with their values, and the indices of values that follow no
-    flag (a first element that is not a flag)."""
+    flag (a first element that is not a flag). The catalog is read only for flags to judge:
+    a plan without train.extra_args never loads it."""
+    if not extra_args:
+        return (), ()
     cat = flags.catalog("megatron")
     parsed: list[MegatronArg] = []
     stray: list[int] = []
