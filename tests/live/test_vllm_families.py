@@ -110,8 +110,10 @@ def actor_export(job: JobConfig, folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def log_prob_error(engine, model) -> float:
-    requests = [GenerationRequest(PROMPTS[i % len(PROMPTS)], seed=i) for i in range(6)]
+def log_prob_error(engine, model, prompts=PROMPTS) -> float:
+    """The largest gap between the engine's sampled log-probs and `model`'s (fp32), over six
+    requests cycling through `prompts`."""
+    requests = [GenerationRequest(prompts[i % len(prompts)], seed=i) for i in range(6)]
     params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_new_tokens=8,
                             stop_token_ids=())
     error = 0.0

@@ -50,11 +50,16 @@ import pytest
 import torch
 import transformers
 from test_vllm_cpu import push
-from test_vllm_families import EXTRA_ARGS, FAMILY_ARGS, NO_SLEEP_ON_CPU, TEMPERATURE, actor_export
+from test_vllm_families import (
+    EXTRA_ARGS,
+    FAMILY_ARGS,
+    NO_SLEEP_ON_CPU,
+    actor_export,
+    log_prob_error,
+)
 
 from runtime.backends.vllm_rollout import VllmRolloutBackend
 from runtime.core import weights
-from runtime.core.interfaces import GenerationRequest, SamplingParams
 from runtime.core.slices import JobConfig, compile_job
 from vime.resolve.model import arch_from_config
 
@@ -164,25 +169,6 @@ def variant(request, base, tmp_path_factory) -> dict:
         backend.stop()
 
 
-def log_prob_error(engine, model) -> float:
-    """The largest gap between the engine's sampled log-probs and `model`'s, over prompts that
-    reach past the original context."""
-    requests = [GenerationRequest(PROMPTS[i % len(PROMPTS)], seed=i) for i in range(6)]
-    params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_new_tokens=8,
-                            stop_token_ids=())
-    error = 0.0
-    for request, generation in zip(requests, engine.generate(requests, params), strict=True):
-        ids = torch.tensor([list(request.prompt_ids) + list(generation.token_ids)])
-        with torch.no_grad():
-            logits = model(ids).logits[0].float()
-        start = len(request.prompt_ids) - 1
-        steps = logits[start:start + len(generation.token_ids)] / TEMPERATURE
-        expected = torch.log_softmax(steps, dim=-1)[
-            torch.arange(len(generation.token_ids)), torch.tensor(generation.token_ids)]
-        error = max(error, (torch.tensor(generation.log_probs) - expected).abs().max().item())
-    return error
-
-
 def test_engine_serves_the_variant_as_transformers_computes_it(variant):
     config = variant["engine"].llm.llm_engine.vllm_config.model_config.hf_config
     arch = variant["job"].model.arch
@@ -196,20 +182,20 @@ def test_engine_serves_the_variant_as_transformers_computes_it(variant):
         assert config.q_lora_rank is None
         assert not arch.get("q_lora_rank")  # resolved.toml writes null as 0
     model = reference(variant["first"])
-    error = log_prob_error(variant["engine"], model)
+    error = log_prob_error(variant["engine"], model, PROMPTS)
     assert error < TOLERANCE
     if variant["name"] == "yarn":  # the test sees YaRN: without it the outputs move
         plain = reference(variant["first"], rope_scaling=None, rope_parameters={
             "rope_type": "default", "rope_theta": 10000.0})
-        assert log_prob_error(variant["engine"], plain) > 4 * TOLERANCE
+        assert log_prob_error(variant["engine"], plain, PROMPTS) > 4 * TOLERANCE
 
 
 def test_a_push_of_the_actors_export_decides_the_outputs(variant):
     engine = variant["engine"]
     export = actor_export(variant["job"], variant["second"])
     push(engine, export, version=1)
-    assert log_prob_error(engine, reference(variant["second"])) < TOLERANCE
-    assert log_prob_error(engine, reference(variant["first"])) > 4 * TOLERANCE
+    assert log_prob_error(engine, reference(variant["second"]), PROMPTS) < TOLERANCE
+    assert log_prob_error(engine, reference(variant["first"]), PROMPTS) > 4 * TOLERANCE
     names = weights.sample_names(export)
     assert [wrong for reported in engine.fingerprints(names)
             for wrong in weights.mismatches({n: export[n] for n in names}, reported)] == []
